@@ -1,0 +1,1 @@
+"""Accelerator backends. Importing this package does not import torch."""

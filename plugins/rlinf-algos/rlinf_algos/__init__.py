@@ -1,0 +1,1 @@
+"""rlinf's bundled algorithms. Importing this package does not import torch."""

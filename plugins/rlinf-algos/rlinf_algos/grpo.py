@@ -1,0 +1,99 @@
+"""Group Relative Policy Optimisation (Shao et al., 2024) with DAPO's refinements (Yu et al., 2025).
+
+A group is G episodes (or G completions of one prompt) that start from the same state. Each
+member's advantage is its outcome relative to the group: (R - mean) / (std + eps). No critic.
+- clip-higher: asymmetric clip range [1 - clip_low, 1 + clip_high] keeps exploration alive;
+- token-level loss: every valid step/token weighs the same, whatever its episode's length;
+- group filtering: groups whose returns are all equal carry no signal and can be dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, masked_mean
+from rlinf_cli.policy import EvalOutput
+from rlinf_cli.runtime.rollout import Rollout
+
+
+@dataclass(frozen=True)
+class GRPOConfig(TrainConfig):
+    group_size: int = 8  # G: episodes (or samples) per group, from the same seed (or prompt)
+    groups: int = 4  # groups per iteration
+    epochs: int = 4
+    eps: float = 1e-6  # added to the group std
+    scale_by_std: bool = True  # false: Dr. GRPO's (R - mean) without the std division
+    clip_low: float = 0.2  # ratio clip below: 1 - clip_low
+    clip_high: float = 0.28  # ratio clip above: 1 + clip_high (DAPO clip-higher)
+    dual_clip: float | None = None  # optional dual clip for negative advantages
+    filter_groups: bool = False  # drop groups whose returns are all equal (no learning signal)
+    entropy_coef: float = 0.0  # entropy bonus
+    kl_coef: float = 0.0  # weight of k3 KL to a frozen reference policy (0 = no reference)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.groups < 1:
+            raise ValueError("groups must be >= 1")
+        if self.clip_low <= 0 or self.clip_high <= 0:
+            raise ValueError("clip_low and clip_high must be > 0")
+
+
+def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
+    """(R - group mean) / (group std + eps) for returns [B] laid out group after group; -> [B]."""
+    g = returns.reshape(-1, group_size)
+    centred = g - g.mean(dim=1, keepdim=True)
+    if scale:
+        centred = centred / (g.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return centred.reshape(-1)
+
+
+def informative_groups(returns: torch.Tensor, group_size: int) -> torch.Tensor:
+    """bool [num_groups]: groups whose members' returns are not all equal."""
+    g = returns.reshape(-1, group_size)
+    return (g.max(dim=1).values - g.min(dim=1).values) > 1e-8
+
+
+class GRPO(Algorithm):
+    Config = GRPOConfig
+    name = "grpo"
+    rollout = "episodes"
+    uses_critic = False
+
+    def outcome_advantages(self, returns: torch.Tensor) -> torch.Tensor:
+        """Per-episode advantage from per-episode returns [B] -> [B]."""
+        c = self.config
+        return group_advantages(returns, c.group_size, c.eps, c.scale_by_std)
+
+    def advantages(self, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every valid step of an episode gets that episode's advantage: [T, N]."""
+        assert batch.episode_returns is not None, "GRPO needs whole-episode rollouts"
+        adv = self.outcome_advantages(batch.episode_returns).unsqueeze(0) * batch.mask
+        return adv, torch.zeros_like(adv)
+
+    def filter_groups(self, returns: torch.Tensor) -> torch.Tensor | None:
+        return informative_groups(returns, self.config.group_size) if self.config.filter_groups else None
+
+    def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c = self.config
+        logratio = out.logprob - mb.old_logprob
+        pg, clipped = clipped_surrogate(logratio, mb.advantages, c.clip_low, c.clip_high, c.dual_clip)
+        pg_loss = masked_mean(pg, mb.mask)
+        entropy = masked_mean(out.entropy, mb.mask)
+        loss = pg_loss - c.entropy_coef * entropy
+        stats = {}
+        if c.kl_coef > 0 and mb.ref_logprob is not None:
+            kl = masked_mean(approx_kl(mb.ref_logprob - out.logprob), mb.mask)
+            loss = loss + c.kl_coef * kl
+            stats["kl_ref"] = kl.detach()
+        with torch.no_grad():
+            stats.update({
+                "policy_loss": pg_loss,
+                "entropy": entropy,
+                "approx_kl": masked_mean(approx_kl(logratio), mb.mask),
+                "clip_frac": masked_mean(clipped.float(), mb.mask),
+            })
+        return loss, stats

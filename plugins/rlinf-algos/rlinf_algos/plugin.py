@@ -1,0 +1,10 @@
+"""Entry point: registers the algorithms by name. Factories are imported on use."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_algorithms(register):
+    register("ppo", "rlinf_algos.ppo:PPO", summary="PPO: GAE, clipped + dual-clip surrogate, clipped value loss", default=("rl",))
+    register("grpo", "rlinf_algos.grpo:GRPO", summary="GRPO: group-relative outcome advantage, DAPO clip-higher, group filtering")
+    register("bc", "rlinf_algos.bc:BC", summary="Behaviour cloning (NLL or MSE) for `rlinf sft`", default=("sft",))

@@ -1,0 +1,106 @@
+"""Proximal Policy Optimisation (Schulman et al., 2017) with the details that matter.
+
+- GAE(lambda) advantages; truncated episodes bootstrap from the value of their final state.
+- Clipped surrogate, plus dual clip (Ye et al., 2020) for negative advantages.
+- Clipped value loss (as in the OpenAI baselines), entropy bonus.
+- Per-minibatch advantage normalisation; optional early stop when approx KL > target_kl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate
+from rlinf_cli.policy import EvalOutput
+from rlinf_cli.runtime.rollout import Rollout
+
+
+@dataclass(frozen=True)
+class PPOConfig(TrainConfig):
+    rollout_steps: int = 128  # steps per env per iteration
+    gamma: float = 0.99  # discount
+    gae_lambda: float = 0.95  # GAE lambda
+    epochs: int = 10
+    clip_ratio: float = 0.2  # surrogate clip epsilon
+    dual_clip: float | None = 3.0  # dual-clip constant c > 1; null disables
+    clip_value: float | None = 0.2  # value clip range around the old value; null = plain MSE
+    value_coef: float = 0.5  # weight of the value loss
+    entropy_coef: float = 0.0  # weight of the entropy bonus
+    norm_adv: bool = True  # normalise advantages per minibatch
+    target_kl: float | None = None  # stop the epoch loop once mean approx KL exceeds this
+    critic_warmup_iters: int = 0  # first iterations train the critic only (for a cloned actor)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError("gamma must be in (0, 1] and gae_lambda in [0, 1]")
+        if self.clip_ratio <= 0:
+            raise ValueError(f"clip_ratio must be > 0, got {self.clip_ratio}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip}")
+        if self.rollout_steps < 1:
+            raise ValueError("rollout_steps must be >= 1")
+
+
+def gae(rollout: Rollout, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over a [T, N] rollout.
+
+    ``dones[t]`` ends the episode at step t: the next value belongs to a new episode and is
+    not used; ``trunc_values[t]`` adds back the bootstrap for time-limit truncation.
+    Returns (advantages [T, N], returns [T, N]).
+    """
+    values, rewards, dones = rollout.values, rollout.rewards, rollout.dones
+    T = rewards.shape[0]
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rollout.last_value)
+    next_value = rollout.last_value
+    for t in range(T - 1, -1, -1):
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * (next_value * nonterminal + rollout.trunc_values[t]) - values[t]
+        last = delta + gamma * lam * nonterminal * last
+        adv[t] = last
+        next_value = values[t]
+    return adv, adv + values
+
+
+class PPO(Algorithm):
+    Config = PPOConfig
+    name = "ppo"
+    rollout = "steps"
+    uses_critic = True
+
+    def advantages(self, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        return gae(batch, self.config.gamma, self.config.gae_lambda)
+
+    def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c = self.config
+        adv = mb.advantages
+        if c.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        logratio = out.logprob - mb.old_logprob
+        pg, clipped = clipped_surrogate(logratio, adv, c.clip_ratio, c.clip_ratio, c.dual_clip)
+        pg_loss = pg.mean()
+
+        v = out.value
+        if c.clip_value is not None:
+            v_clipped = mb.old_values + torch.clamp(v - mb.old_values, -c.clip_value, c.clip_value)
+            v_loss = 0.5 * torch.maximum((v - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((v - mb.returns) ** 2).mean()
+        entropy = out.entropy.mean()
+        loss = pg_loss + c.value_coef * v_loss - c.entropy_coef * entropy
+        with torch.no_grad():
+            stats = {
+                "policy_loss": pg_loss,
+                "value_loss": v_loss,
+                "entropy": entropy,
+                "approx_kl": approx_kl(logratio).mean(),
+                "clip_frac": clipped.float().mean(),
+            }
+        stats["value_loss_raw"] = c.value_coef * v_loss
+        return loss, stats
+
+    def stop_early(self, stats) -> bool:
+        return self.config.target_kl is not None and stats.get("approx_kl", 0.0) > self.config.target_kl

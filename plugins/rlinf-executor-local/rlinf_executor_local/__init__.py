@@ -1,0 +1,1 @@
+"""The local executor: env instances on this machine."""

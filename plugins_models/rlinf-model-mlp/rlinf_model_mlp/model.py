@@ -1,0 +1,124 @@
+"""MLP actor-critic.
+
+Observation keys listed in ``obs_keys`` (flat float vectors) are concatenated. Discrete actions
+use a categorical head; continuous actions a Gaussian with a state-independent log std.
+Distributions are written out by hand: ``torch.distributions`` validation and object creation
+cost more than the maths at these sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from rlinf_cli import settings
+from rlinf_cli.api import EnvSpec
+from rlinf_cli.errors import UserError
+from rlinf_cli.policy import ActOutput, EvalOutput, Policy
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    hidden_sizes: tuple[int, ...] = (64, 64)  # hidden layer widths of actor and critic
+    activation: str = "tanh"  # tanh | relu | gelu | elu
+    obs_keys: tuple[str, ...] = ("state",)  # observation entries to concatenate
+    log_std_init: float = 0.0  # initial log std of the Gaussian (continuous actions)
+    critic: bool = True  # build a value head (PPO needs it; GRPO and BC do not)
+    ortho_init: bool = True  # orthogonal init with small policy-head gain
+
+    def __post_init__(self) -> None:
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
+            raise ValueError("hidden_sizes must be a non-empty list of positive widths")
+
+
+def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float, ortho: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        linear = nn.Linear(sizes[i], sizes[i + 1])
+        last = i == len(sizes) - 2
+        if ortho:
+            nn.init.orthogonal_(linear.weight, out_gain if last else math.sqrt(2))
+            nn.init.zeros_(linear.bias)
+        layers.append(linear)
+        if not last:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+class MLPPolicy(Policy):
+    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec):
+        super().__init__(config, env_spec)
+        cfg = settings.build(MLPConfig, config, "model")
+        self.cfg = cfg
+        missing = [k for k in cfg.obs_keys if k not in env_spec.observation]
+        if missing:
+            raise UserError(f"model.obs_keys {list(cfg.obs_keys)}: the simulator has no {missing}; it gives {sorted(env_spec.observation)}")
+        in_dim = sum(math.prod(env_spec.observation[k].shape) for k in cfg.obs_keys)
+        act = _ACTIVATIONS[cfg.activation]
+        hidden = list(cfg.hidden_sizes)
+        if env_spec.discrete:
+            out_dim = int(env_spec.num_actions)
+        else:
+            out_dim = math.prod(env_spec.action.shape)
+            self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.log_std_init)))
+        self.actor = mlp([in_dim, *hidden, out_dim], act, 0.01, cfg.ortho_init)
+        self.has_critic = cfg.critic
+        if cfg.critic:
+            self.critic = mlp([in_dim, *hidden, 1], act, 1.0, cfg.ortho_init)
+        self._keys = cfg.obs_keys
+
+    def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if len(self._keys) == 1:
+            x = obs[self._keys[0]]
+            return x.reshape(x.shape[0], -1).float()
+        return torch.cat([obs[k].reshape(obs[k].shape[0], -1).float() for k in self._keys], dim=-1)
+
+    def _value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1) if self.has_critic else x.new_zeros(x.shape[0])
+
+    def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._value(self.features(obs))
+
+    def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.actor(self.features(obs))
+
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
+        x = self.features(obs)
+        out = self.actor(x)
+        if self.env_spec.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            if deterministic:
+                action = out.argmax(dim=-1)
+            else:
+                action = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+            logp = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        else:
+            std = self.log_std.exp()
+            action = out if deterministic else out + std * torch.randn_like(out)
+            logp = self._gauss_logp(action, out)
+        return ActOutput(action, logp, self._value(x))
+
+    def evaluate(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> EvalOutput:
+        x = self.features(obs)
+        out = self.actor(x)
+        if self.env_spec.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            logp = self._gauss_logp(action, out)
+            entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0])
+        return EvalOutput(logp, entropy, self._value(x))
+
+    def _gauss_logp(self, action: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        z = (action - mean) * torch.exp(-self.log_std)
+        return (-0.5 * z * z - self.log_std - _LOG_SQRT_2PI).sum(-1)

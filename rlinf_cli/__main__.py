@@ -1,0 +1,3 @@
+from rlinf_cli.cli import main
+
+main()

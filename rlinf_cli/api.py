@@ -1,0 +1,159 @@
+"""The contracts between the core and plugins.
+
+Simulator plugins return a :class:`Simulator`; model plugins a :class:`Policy`; algorithm
+plugins an :class:`Algorithm`; accelerator plugins an :class:`Accelerator`; executor plugins
+an :class:`Executor`. Only plain dataclasses and protocols live here: importing this module
+does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Shape and dtype of one array (per environment, without the batch dimension)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name: "float32", "uint8", "int64"
+    low: float | None = None
+    high: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ArraySpec":
+        return cls(tuple(int(x) for x in d["shape"]), str(d["dtype"]), d.get("low"), d.get("high"))
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a policy sees and emits.
+
+    ``observation`` maps keys (``state``, ``rgb``, ...) to per-env array specs. ``action`` is
+    the per-env action: for a discrete space ``shape == ()`` with ``dtype == "int64"`` and
+    ``num_actions`` set; for a continuous space ``shape == (d,)`` float32 with bounds.
+    """
+
+    observation: dict[str, ArraySpec]
+    action: ArraySpec
+    num_actions: int | None = None
+    max_episode_steps: int = 1000
+    tasks: tuple[str, ...] = ()  # task names for multi-task simulators (index = task id)
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "observation": {k: v.to_dict() for k, v in self.observation.items()},
+            "action": self.action.to_dict(),
+            "num_actions": self.num_actions,
+            "max_episode_steps": self.max_episode_steps,
+            "tasks": list(self.tasks),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EnvSpec":
+        return cls(
+            observation={k: ArraySpec.from_dict(v) for k, v in d["observation"].items()},
+            action=ArraySpec.from_dict(d["action"]),
+            num_actions=d.get("num_actions"),
+            max_episode_steps=int(d.get("max_episode_steps", 1000)),
+            tasks=tuple(d.get("tasks", ())),
+        )
+
+
+Obs = dict[str, np.ndarray]
+
+
+class SingleEnv(Protocol):
+    """One environment instance, gymnasium-style, with dict observations.
+
+    ``step`` returns ``(obs, reward, terminated, truncated, info)``; ``info["success"]`` is a
+    bool when the task has a notion of success. ``reset(seed=s)`` must make the episode a
+    function of ``s`` alone (GRPO groups rely on it).
+    """
+
+    def reset(self, *, seed: int | None = None) -> tuple[Obs, dict]: ...
+
+    def step(self, action: np.ndarray) -> tuple[Obs, float, bool, bool, dict]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Simulator(Protocol):
+    """An embodied simulator plugin object. It must be picklable: executors ship it to workers."""
+
+    spec: EnvSpec
+
+    def make_env(self, index: int) -> SingleEnv:
+        """Create env instance ``index`` (0..num_envs-1) in the calling process."""
+        ...
+
+    def expert(self) -> "Callable[[Obs, int], np.ndarray] | None":
+        """A scripted expert ``(obs of one env, env index) -> action``, or None if there is none."""
+        ...
+
+
+@dataclass
+class StepBatch:
+    """What a vectorised env returns for one step (leading dim = num_envs)."""
+
+    obs: Obs
+    reward: np.ndarray  # float32 [N]
+    terminated: np.ndarray  # bool [N]
+    truncated: np.ndarray  # bool [N]
+    success: np.ndarray  # bool [N]; False where the task has no success notion
+    # observation that ended the episode, for envs that finished and were auto-reset (else None)
+    final_obs: Obs | None = None
+    stats: dict[str, float] = field(default_factory=dict)  # transport bytes, codec time ...
+
+
+class VecEnv(Protocol):
+    """A batch of envs, possibly spread over worker processes or machines.
+
+    ``autoreset=True``: a finished env restarts in the same step (its next episode continues its
+    RNG stream), and ``final_obs`` carries the last observation. ``autoreset=False``: finished
+    envs stay finished (their rows repeat the last obs with zero reward) until ``reset``.
+    """
+
+    num_envs: int
+    spec: EnvSpec
+
+    def reset(self, seeds: Sequence[int]) -> Obs: ...
+
+    def step(self, actions: np.ndarray) -> StepBatch: ...
+
+    def close(self) -> None: ...
+
+
+class Executor(Protocol):
+    """Places env instances: in this process, in worker processes, or on a cluster."""
+
+    def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv: ...
+
+    def describe(self) -> str: ...
+
+
+class Accelerator(Protocol):
+    name: str
+
+    def is_available(self) -> bool: ...
+
+    def device(self) -> Any: ...  # torch.device
+
+    def dist_backend(self) -> str: ...  # "gloo", "nccl", "hccl", ...
+
+    def supports_bf16(self) -> bool: ...
+
+    def memory_stats(self) -> dict[str, float]: ...
+
+    def describe(self) -> str: ...

@@ -1,0 +1,205 @@
+"""The `rlinf` command line. Commands parse arguments, compose the config and call a stage.
+
+Heavy modules (torch, hydra, mlflow, simulators) are imported inside the commands that need
+them, so `rlinf --help` and `rlinf plugins list` stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable, Optional
+
+import typer
+
+from rlinf_cli import __version__
+from rlinf_cli.errors import UserError, one_line
+
+app = typer.Typer(
+    name="rlinf",
+    help="RL for embodied and agentic AI, one command per stage: collect -> sft -> rl -> eval.\n\n"
+    "Configure any stage with key=value overrides after the command, e.g. "
+    "`rlinf rl --algo ppo sim.env_id=CartPole-v1 total_steps=200000`. "
+    "`rlinf config show rl` prints the composed config; `rlinf plugins list` what is installed.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+plugins_app = typer.Typer(help="Installed plugins (simulators, models, algorithms, accelerators, executors).", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect the composed configuration.", no_args_is_help=True)
+app.add_typer(plugins_app, name="plugins")
+app.add_typer(config_app, name="config")
+
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _compose(stage: str, overrides: list[str]) -> Any:
+    from rlinf_cli.config import compose, inherited_overrides
+
+    return compose(stage, overrides, inherited_overrides(stage, overrides))
+
+
+def _run_stage(stage: str, overrides: list[str]) -> None:
+    import importlib
+
+    cfg = _compose(stage, overrides)
+    importlib.import_module(f"rlinf_cli.stages.{stage}").run(cfg)
+
+
+@app.command(context_settings=OVERRIDES)
+def collect(ctx: typer.Context) -> None:
+    """Run a policy in a simulator and write (or append to) a dataset.
+
+    Example: rlinf collect sim.env_id=CartPole-v1 policy=expert episodes=50 output=data/cartpole
+    """
+    _run_stage("collect", ctx.args)
+
+
+@app.command(context_settings=OVERRIDES)
+def sft(ctx: typer.Context) -> None:
+    """Supervised fine-tuning / behaviour cloning of a model on a dataset.
+
+    Example: rlinf sft dataset=data/cartpole model=mlp algo.epochs=30
+    """
+    _run_stage("sft", ctx.args)
+
+
+@app.command(context_settings=OVERRIDES)
+def rl(
+    ctx: typer.Context,
+    algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name (sugar for algo=NAME): ppo, grpo, ..."),
+) -> None:
+    """RL training against a simulator, from scratch (default) or from a checkpoint (init=PATH).
+
+    Example: rlinf rl --algo ppo sim.env_id=CartPole-v1 total_steps=150000
+    Resume a stopped run: rlinf rl resume=rlinf_runs/rl/<run>/checkpoints/iter_000010
+    """
+    _run_stage("rl", ([f"algo={algo}"] if algo else []) + list(ctx.args))
+
+
+@app.command("eval", context_settings=OVERRIDES)
+def eval_(ctx: typer.Context) -> None:
+    """Evaluate a checkpoint on fixed seeds: return, success rate, episode length (table + JSON).
+
+    Example: rlinf eval checkpoint=rlinf_runs/rl/<run>/checkpoints/final episodes=50
+    """
+    _run_stage("eval", ctx.args)
+
+
+@app.command(context_settings=OVERRIDES)
+def pipeline(ctx: typer.Context) -> None:
+    """The whole loop in one command: expert -> collect -> sft -> rl -> eval, then a summary table.
+
+    Overrides prefixed with a stage name apply to that stage only (rl.total_steps=50000);
+    others apply to every stage (sim.env_id=..., seed=...).
+    """
+    from rlinf_cli.stages import pipeline as pl
+
+    pl.run(list(ctx.args))
+
+
+@config_app.command("show", context_settings=OVERRIDES)
+def config_show(ctx: typer.Context, stage: str = typer.Argument(..., help="collect | sft | rl | eval")) -> None:
+    """Print the composed config of STAGE with the given overrides applied."""
+    from rlinf_cli.config import to_yaml
+
+    cfg = _compose(stage, list(ctx.args))
+    typer.echo(to_yaml(cfg), nl=False)
+
+
+@plugins_app.command("list")
+def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Every registered component: kind, name, package, version, summary."""
+    from rlinf_cli.registry import get_registry
+
+    specs = get_registry().all_specs()
+    if as_json:
+        typer.echo(json.dumps([{"kind": s.kind, "name": s.name, "package": s.package, "version": s.version,
+                                "summary": s.summary, "default": bool(s.default), "factory": s.factory} for s in specs], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rlinf plugins")
+    for col in ("kind", "name", "package", "version", "summary"):
+        table.add_column(col)
+    for s in specs:
+        table.add_row(s.kind, s.name + (" *" if s.default else ""), s.package, s.version, s.summary)
+    Console().print(table)
+    Console().print("* default when none is chosen", style="dim")
+
+
+@plugins_app.command("new")
+def plugins_new(
+    name: str = typer.Argument(..., help="Component name users will type, e.g. mysim"),
+    kind: str = typer.Option("simulator", "--kind", help="simulator | model | algorithm"),
+    directory: str = typer.Option(".", "--dir", help="Where to create the package directory"),
+) -> None:
+    """Scaffold a plugin package that installs with pip and shows up in `rlinf plugins list`."""
+    from rlinf_cli.scaffold import new_plugin
+
+    path = new_plugin(name, kind, directory)
+    typer.echo(f"created {path}; install it with: pip install -e {path}")
+
+
+@app.command()
+def doctor() -> None:
+    """What is installed and usable here: plugins, accelerators, tracking store."""
+    from rlinf_cli.doctor import report
+
+    report()
+
+
+@app.command()
+def ui(
+    port: int = typer.Option(5000, help="Port for the MLflow UI"),
+    runs_dir: str = typer.Option("rlinf_runs", help="runs_dir whose embedded store to show"),
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 for the embedded tracking store."""
+    import subprocess
+    from pathlib import Path
+
+    from rlinf_cli.tracking import default_uri
+
+    uri = default_uri(Path(runs_dir))
+    if not (Path(runs_dir) / "mlflow.db").exists():
+        raise UserError(f"no tracking store at {runs_dir}/mlflow.db yet; run a stage first (or pass --runs-dir)")
+    typer.echo(f"MLflow UI for {uri} on http://127.0.0.1:{port} (Ctrl-C stops it)")
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                                      "--host", "127.0.0.1", "--port", str(port)]))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rlinf {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version.")) -> None:
+    pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: bad input -> one line on stderr and exit code 2."""
+    import click
+
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except UserError as exc:
+        _fail(str(exc))
+    except click.exceptions.UsageError as exc:
+        _fail(exc.format_message() + (f" (see `rlinf {exc.ctx.command_path.split(' ', 1)[-1]} --help`)" if exc.ctx else ""))
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str) -> None:
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,301 @@
+"""Configuration through Hydra's compose API.
+
+Each stage has a primary config in ``rlinf_cli/conf/<stage>.yaml``. Plugin groups (``sim``,
+``model``, ``algo``, ``accelerator``, ``executor``) are filled from the options that installed
+plugins ship under their own ``conf/<group>/`` directory. Overrides are ``key=value`` words.
+Bad overrides are caught here with one clear line; Hydra's own messages are a fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterable
+
+from rlinf_cli.errors import UserError, one_line
+from rlinf_cli.registry import GROUP_TO_KIND, get_registry, unknown_name_message
+
+CORE_CONF = Path(__file__).resolve().parent / "conf"
+STAGES = ("collect", "sft", "rl", "eval")
+_MISSING = object()
+
+
+def search_dirs() -> list[Path]:
+    return [CORE_CONF, *get_registry().conf_dirs()]
+
+
+def group_options(group: str) -> list[str]:
+    """Config options available for a group, from the core and every installed plugin."""
+    names: set[str] = set()
+    for d in search_dirs():
+        names.update(p.stem for p in (d / group).glob("*.yaml"))
+    return sorted(names)
+
+
+def stage_groups(stage: str) -> list[str]:
+    """Plugin groups the stage's primary config asks for (``- group: ???`` entries)."""
+    from omegaconf import OmegaConf
+
+    primary = OmegaConf.load(CORE_CONF / f"{stage}.yaml")
+    groups = []
+    for entry in primary.get("defaults", []):
+        if isinstance(entry, (dict,)) or OmegaConf.is_dict(entry):
+            groups.extend(k for k in entry if k in GROUP_TO_KIND)
+    return groups
+
+
+def default_choice(stage: str, group: str) -> str | None:
+    """The option used when the user picks none: the registered default for this stage."""
+    reg = get_registry()
+    kind = GROUP_TO_KIND[group]
+    for spec in sorted(reg.specs(kind).values(), key=lambda s: s.name):
+        if spec.default is True or (isinstance(spec.default, (tuple, list)) and stage in spec.default):
+            if spec.name in group_options(group):
+                return spec.name
+    core = group_options(group)
+    return "auto" if "auto" in core else None
+
+
+def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] = ()) -> Any:
+    """Compose the config for ``stage``.
+
+    ``inherited`` overrides (for example the simulator a checkpoint was trained on) apply first;
+    the user's ``overrides`` win over them. Returns a DictConfig with ``stage`` and ``choices``.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if stage not in STAGES:
+        raise UserError(f"unknown stage '{stage}'; choose one of {', '.join(STAGES)}")
+    user = list(overrides)
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(list(inherited) + user)
+    except HydraException as exc:
+        raise UserError(f"bad override: {one_line(str(exc).splitlines()[0])}. Write overrides as key=value") from exc
+
+    groups = stage_groups(stage)
+    choices: dict[str, str] = {}
+    for ov in parsed:
+        key = ov.key_or_group
+        if key in GROUP_TO_KIND:
+            if key not in groups:
+                raise UserError(f"'{key}' is not used by `rlinf {stage}`; its groups are {', '.join(groups) or 'none'}")
+            choices[key] = str(ov.value())
+    for group in groups:
+        if group not in choices:
+            choice = default_choice(stage, group)
+            if choice is None:
+                raise UserError(f"no {GROUP_TO_KIND[group]} installed for '{group}'; install a plugin that provides one")
+            choices[group] = choice
+        elif choices[group] not in group_options(group):
+            kind = GROUP_TO_KIND[group]
+            raise UserError(unknown_name_message(kind, choices[group], group_options(group)))
+
+    searchpath = "hydra.searchpath=[" + ",".join(f"file://{d}" for d in search_dirs()[1:]) + "]"
+    group_ovs = [f"{g}={c}" for g, c in choices.items()]
+    value_ovs = [ov for ov in parsed if ov.key_or_group not in GROUP_TO_KIND]
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CORE_CONF), version_base="1.3"):
+            base = hydra_compose(stage, overrides=[searchpath, *group_ovs])
+            fixed = [_checked(base, ov) for ov in value_ovs]
+            cfg = hydra_compose(stage, overrides=[searchpath, *group_ovs, *fixed])
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UserError(f"config error: {one_line(str(exc).splitlines()[0])}") from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+    OmegaConf.set_struct(cfg, False)
+    cfg.stage = stage
+    cfg.choices = choices
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"config error: {one_line(str(exc).splitlines()[0])}") from exc
+    _check_plugin_names(cfg, choices)
+    return cfg
+
+
+def _checked(base: Any, ov: Any) -> str:
+    """Validate one ``key=value`` override against the composed base; return it (maybe fixed)."""
+    from omegaconf import OmegaConf
+
+    text = ov.input_line
+    if ov.is_add() or ov.is_force_add() or ov.is_delete():
+        return text
+    key = ov.key_or_group
+    old = OmegaConf.select(base, key, default=_MISSING, throw_on_missing=False)
+    if old is _MISSING:
+        keys = _flat_keys(OmegaConf.to_container(base, resolve=False))
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else " See `rlinf config show` for the keys."
+        raise UserError(f"unknown config key '{key}'.{hint} (To add a new key on purpose, write +{key}=...)")
+    new = ov.value()
+    if old is None or new is None or OmegaConf.is_config(old) and not isinstance(new, (dict, list)):
+        return text
+    expected = _type_name(old)
+    if isinstance(old, bool):
+        ok = isinstance(new, bool)
+    elif isinstance(old, int):
+        if isinstance(new, float) and new.is_integer():
+            return f"{key}={int(new)}"
+        ok = isinstance(new, int) and not isinstance(new, bool)
+    elif isinstance(old, float):
+        ok = isinstance(new, (int, float)) and not isinstance(new, bool)
+    elif OmegaConf.is_list(old):
+        ok = isinstance(new, list)
+    elif OmegaConf.is_dict(old):
+        ok = isinstance(new, dict)
+    else:
+        ok = True
+    if not ok:
+        raise UserError(f"bad value for '{key}': expected {expected}, got {new!r} (default is {old!r})")
+    return text
+
+
+def _type_name(value: Any) -> str:
+    from omegaconf import OmegaConf
+
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if OmegaConf.is_list(value):
+        return "a list like [a,b]"
+    if OmegaConf.is_dict(value):
+        return "a mapping like {a:1}"
+    return "a string"
+
+
+def _flat_keys(node: Any, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            full = f"{prefix}{k}"
+            keys.append(full)
+            keys.extend(_flat_keys(v, full + "."))
+    return keys
+
+
+def _check_plugin_names(cfg: Any, choices: dict[str, str]) -> None:
+    reg = get_registry()
+    for group in choices:
+        node = cfg.get(group)
+        name = node.get("name") if node is not None else None
+        if name is None:
+            raise UserError(f"config option '{group}={choices[group]}' has no 'name' key naming its plugin")
+        if name != "auto":
+            reg.get(GROUP_TO_KIND[group], name)
+
+
+def flatten(cfg: Any) -> dict[str, Any]:
+    """``{"algo.lr": 0.0003, ...}`` for tracking params."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(container, "")
+    return out
+
+
+def to_yaml(cfg: Any) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(cfg)
+
+
+def node_overrides(prefix: str, node: Any) -> list[str]:
+    """Force-overrides (``++sim.env_id=...``) that reproduce a saved value or node.
+
+    The ``name`` of a plugin group node is skipped: the group choice carries it.
+    """
+    import json
+
+    items = flatten(node) if isinstance(node, dict) else {"": node}
+    out = []
+    for key, value in items.items():
+        if key == "name" and prefix in GROUP_TO_KIND:
+            continue
+        full = f"{prefix}.{key}" if key else prefix
+        out.append(f"++{full}={json.dumps(value) if isinstance(value, str) else _literal(value)}")
+    return out
+
+
+def _literal(value: Any) -> str:
+    import json
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _user_values(overrides: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if sep and not key.startswith(("+", "~")):
+            out[key.strip()] = value.strip().strip("'\"")
+    return out
+
+
+def inherited_overrides(stage: str, overrides: Iterable[str]) -> list[str]:
+    """Overrides taken from the checkpoint a stage starts from, so users need not repeat them.
+
+    ``eval checkpoint=X``, ``collect policy=X`` and ``rl init=X`` reuse X's simulator (and, for
+    ``rl``, its model) unless the user picks one; ``rl resume=X`` reuses X's whole config.
+    The user's own overrides always win.
+    """
+    from omegaconf import OmegaConf
+
+    user = _user_values(overrides)
+    source_key = {"eval": "checkpoint", "collect": "policy", "rl": "resume" if "resume" in user else "init"}.get(stage)
+    source = user.get(source_key or "")
+    if not source or source in ("random", "expert", "null") or not (Path(source) / "rlinf.yaml").is_file():
+        return []
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(Path(source) / "rlinf.yaml"), resolve=True)
+    except Exception as exc:
+        raise UserError(f"'{Path(source) / 'rlinf.yaml'}' is not valid YAML ({exc}); the checkpoint is damaged") from exc
+    if not isinstance(saved, dict):
+        return []
+    choices = saved.get("choices") or {}
+    groups = stage_groups(stage)
+    inherit_groups = ["sim"] if stage in ("eval", "collect") else ["sim", "model"]
+    if source_key == "resume":
+        inherit_groups = groups
+    out: list[str] = []
+    for group in inherit_groups:
+        if group not in groups or group in user or not isinstance(saved.get(group), dict):
+            continue
+        choice = choices.get(group) or saved[group].get("name")
+        if choice not in group_options(group):
+            continue
+        out.append(f"{group}={choice}")
+        out.extend(node_overrides(group, saved[group]))
+    if source_key == "resume":
+        skip = {"stage", "choices", "resume", *GROUP_TO_KIND}
+        for key, value in saved.items():
+            if key not in skip:
+                out.extend(node_overrides(key, value))
+    return out

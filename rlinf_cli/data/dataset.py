@@ -1,0 +1,240 @@
+"""The rlinf dataset: a directory of parquet chunks plus ``meta.json``.
+
+Readable without rlinf (``pandas.read_parquet(chunk)``). One row per step:
+
+    episode (int64)  step (int32)  obs.<key> (fixed-size list, flattened)  action
+    reward (float32)  terminated (bool)  truncated (bool)  success (bool)
+
+``meta.json`` holds the schema version, observation/action spec, provenance of every collect
+call, totals, and the sha256 of each chunk. Chunks are written to a temporary file and renamed;
+meta.json is replaced atomically after each chunk, so an interrupted collect keeps every chunk
+it finished, and appending never rewrites a finished chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_cli.api import EnvSpec
+from rlinf_cli.errors import UserError
+
+SCHEMA_VERSION = 1
+META = "meta.json"
+_CHUNK_RE = re.compile(r"chunk-(\d{6})\.parquet$")
+
+
+@dataclass
+class Episode:
+    obs: dict[str, np.ndarray]  # key -> [L, *shape]
+    actions: np.ndarray  # [L, *action_shape]
+    rewards: np.ndarray  # [L]
+    success: np.ndarray  # [L] bool
+    terminated: bool
+    truncated: bool
+    seed: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta_file = Path(path) / META
+    if not Path(path).exists():
+        raise UserError(f"dataset '{path}' does not exist; create it with `rlinf collect output={path}`")
+    if not meta_file.is_file():
+        raise UserError(f"'{path}' is not an rlinf dataset (no {META}); point to a directory written by `rlinf collect`")
+    try:
+        meta = json.loads(meta_file.read_text())
+        version = meta["schema_version"]
+        EnvSpec.from_dict(meta["spec"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{meta_file} is damaged ({type(exc).__name__}: {exc}); re-collect the dataset") from exc
+    if version > SCHEMA_VERSION:
+        raise UserError(f"dataset '{path}' has schema {version}; this rlinf reads up to {SCHEMA_VERSION}: upgrade rlinf")
+    return meta
+
+
+class DatasetWriter:
+    """Appends episodes to a dataset directory, one atomically written chunk at a time."""
+
+    def __init__(self, path: str | Path, spec: EnvSpec, provenance: dict[str, Any], chunk_episodes: int = 50):
+        self.path = Path(path)
+        self.spec = spec
+        self.chunk_episodes = max(1, chunk_episodes)
+        self._buffer: list[Episode] = []
+        if (self.path / META).exists():
+            self.meta = read_meta(self.path)
+            if self.meta["spec"] != spec.to_dict():
+                raise UserError(
+                    f"dataset '{self.path}' holds another observation/action layout than this simulator; "
+                    f"write to a new output directory"
+                )
+        else:
+            if self.path.exists() and any(self.path.iterdir()):
+                raise UserError(f"output '{self.path}' exists and is not an rlinf dataset; choose an empty or new directory")
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
+                         "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
+        self.meta["provenance"].append(provenance)
+        _write_json_atomic(self.path / META, self.meta)
+
+    @property
+    def episodes_written(self) -> int:
+        return int(self.meta["episodes"])
+
+    def add(self, episode: Episode) -> None:
+        self._buffer.append(episode)
+        if len(self._buffer) >= self.chunk_episodes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        import pyarrow.parquet as pq
+
+        index = self._next_chunk_index()
+        name = f"chunk-{index:06d}.parquet"
+        first = int(self.meta["episodes"])
+        table = episodes_to_table(self._buffer, self.spec, first)
+        final = self.path / name
+        tmp = self.path / f".{name}.tmp-{os.getpid()}"
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        steps = sum(len(e) for e in self._buffer)
+        self.meta["chunks"].append({"file": name, "first_episode": first, "episodes": len(self._buffer),
+                                    "steps": steps, "sha256": sha256_file(final)})
+        self.meta["episodes"] = first + len(self._buffer)
+        self.meta["steps"] = int(self.meta["steps"]) + steps
+        self.meta["successes"] = int(self.meta.get("successes", 0)) + sum(bool(e.success.any()) for e in self._buffer)
+        _write_json_atomic(self.path / META, self.meta)
+        self._buffer.clear()
+
+    def _next_chunk_index(self) -> int:
+        used = [int(m.group(1)) for p in self.path.iterdir() if (m := _CHUNK_RE.search(p.name))]
+        used += [int(_CHUNK_RE.search(c["file"]).group(1)) for c in self.meta["chunks"]]
+        return max(used, default=-1) + 1
+
+    def close(self) -> None:
+        self.flush()
+
+
+def episodes_to_table(episodes: list[Episode], spec: EnvSpec, first_episode: int) -> Any:
+    import pyarrow as pa
+
+    lengths = [len(e) for e in episodes]
+    cols: dict[str, Any] = {
+        "episode": pa.array(np.repeat(np.arange(first_episode, first_episode + len(episodes)), lengths).astype(np.int64)),
+        "step": pa.array(np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])),
+    }
+    for key, s in spec.observation.items():
+        cols[f"obs.{key}"] = _fixed_list(np.concatenate([e.obs[key] for e in episodes]), s.dtype)
+    actions = np.concatenate([e.actions for e in episodes])
+    cols["action"] = pa.array(actions.astype(np.int64)) if spec.discrete else _fixed_list(actions, "float32")
+    cols["reward"] = pa.array(np.concatenate([e.rewards for e in episodes]).astype(np.float32))
+    term = np.zeros(sum(lengths), dtype=bool)
+    trunc = np.zeros(sum(lengths), dtype=bool)
+    ends = np.cumsum(lengths) - 1
+    term[ends] = [e.terminated for e in episodes]
+    trunc[ends] = [e.truncated for e in episodes]
+    cols["terminated"] = pa.array(term)
+    cols["truncated"] = pa.array(trunc)
+    cols["success"] = pa.array(np.concatenate([e.success for e in episodes]).astype(bool))
+    return pa.table(cols)
+
+
+def _fixed_list(values: np.ndarray, dtype: str) -> Any:
+    import pyarrow as pa
+
+    n = values.shape[0]
+    size = int(math.prod(values.shape[1:])) if values.ndim > 1 else 1
+    flat = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), size) if n else pa.array([], pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), size))
+
+
+@dataclass
+class Dataset:
+    """A whole dataset in memory as numpy arrays (one row per step)."""
+
+    path: Path
+    meta: dict[str, Any]
+    spec: EnvSpec
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    episode: np.ndarray
+    success: np.ndarray
+    episode_success: dict[int, bool] = field(default_factory=dict)
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.meta["episodes"])
+
+
+def load(path: str | Path, verify: bool = True) -> Dataset:
+    """Read and (by default) checksum every chunk; a damaged chunk is a one-line error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    meta = read_meta(path)
+    spec = EnvSpec.from_dict(meta["spec"])
+    if not meta["chunks"]:
+        raise UserError(f"dataset '{path}' has no episodes yet; run `rlinf collect output={path}`")
+    tables = []
+    for chunk in meta["chunks"]:
+        f = path / chunk["file"]
+        if not f.is_file():
+            raise UserError(f"dataset '{path}' is missing chunk {chunk['file']}; restore it or re-collect")
+        data = f.read_bytes()
+        if verify and hashlib.sha256(data).hexdigest() != chunk["sha256"]:
+            raise UserError(f"chunk {chunk['file']} of dataset '{path}' fails its sha256 check: the file is corrupt; "
+                            f"re-collect the dataset (or restore the chunk)")
+        try:
+            tables.append(pq.read_table(io.BytesIO(data)))
+        except (pa.ArrowException, OSError) as exc:
+            raise UserError(f"chunk {chunk['file']} of dataset '{path}' cannot be read ({exc}); re-collect the dataset") from exc
+    table = pa.concat_tables(tables)
+    n = table.num_rows
+    obs = {}
+    for key, s in spec.observation.items():
+        obs[key] = _column(table, f"obs.{key}").reshape(n, *s.shape).astype(s.dtype, copy=False)
+    if spec.discrete:
+        actions = table.column("action").to_numpy().astype(np.int64)
+    else:
+        actions = _column(table, "action").reshape(n, *spec.action.shape).astype(np.float32, copy=False)
+    episode = table.column("episode").to_numpy()
+    success = table.column("success").to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])  # episodes are contiguous
+    ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
+    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success, ep_success)
+
+
+def _column(table: Any, name: str) -> np.ndarray:
+    col = table.column(name).combine_chunks()
+    return col.flatten().to_numpy(zero_copy_only=False)

@@ -1,0 +1,49 @@
+"""The plugin API: one ``register_<kind>`` hook per plugin kind.
+
+Every hook receives a ``register`` callback and calls it once per component it provides::
+
+    register(name, factory, *, summary="", default=False, **attrs)
+
+- ``name``: the string users type (``sim=metaworld``, ``--algo grpo``). Names are unique per
+  kind; a duplicate fails loudly at load time.
+- ``factory``: a lazy ``"module:attr"`` string. It is imported only when the component is used,
+  so registering never imports torch or a simulator.
+- ``summary``: one line for ``rlinf plugins list``.
+- ``default``: this component is the group's default when the user picks none.
+- ``attrs``: kind-specific metadata (for example ``priority`` for accelerators).
+
+A plugin ships its config options as YAML under a ``conf`` directory beside the module that
+implements the hooks (``conf/sim/<name>.yaml``); the registry adds it to Hydra's search path.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("rlinf")
+hookimpl = pluggy.HookimplMarker("rlinf")
+
+
+@hookspec
+def register_simulators(register):
+    """Register simulators (embodied environments and text tasks). Factory: ``(cfg) -> Simulator``."""
+
+
+@hookspec
+def register_models(register):
+    """Register policy models. Factory: ``(cfg, env_spec) -> Policy``; class with ``from_pretrained``."""
+
+
+@hookspec
+def register_algorithms(register):
+    """Register training algorithms. Factory: ``(cfg) -> Algorithm``."""
+
+
+@hookspec
+def register_accelerators(register):
+    """Register accelerator backends. Factory: ``() -> Accelerator``; attr ``priority`` orders ``auto``."""
+
+
+@hookspec
+def register_executors(register):
+    """Register executors that place env workers. Factory: ``(cfg) -> Executor``."""

@@ -1,0 +1,148 @@
+"""The policy interface every model plugin implements, and its save/load plumbing.
+
+A policy maps a dict of observation tensors (leading batch dim) to an action distribution and,
+when it has a critic, a value. Checkpoints are ``model.safetensors`` + ``config.json``: no
+pickle, so a checkpoint from someone else cannot run code on load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple
+
+import torch
+from torch import nn
+
+from rlinf_cli.api import EnvSpec
+from rlinf_cli.errors import UserError
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class ActOutput(NamedTuple):
+    action: torch.Tensor  # [B, *action_shape] (int64 for discrete)
+    logprob: torch.Tensor  # [B]
+    value: torch.Tensor  # [B]; zeros when the policy has no critic
+
+
+class EvalOutput(NamedTuple):
+    logprob: torch.Tensor  # [B] (or [B, T] for token policies)
+    entropy: torch.Tensor  # same shape as logprob
+    value: torch.Tensor  # [B]; zeros when the policy has no critic
+
+
+class Policy(nn.Module):
+    """Base class for model plugins.
+
+    Subclasses implement :meth:`act`, :meth:`evaluate` and :meth:`get_value`, and are built
+    as ``cls(config, env_spec)`` where ``config`` is the model's config node (with ``name``).
+    """
+
+    has_critic: bool = True
+
+    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec):
+        super().__init__()
+        from rlinf_cli.settings import plain
+
+        self.config = dict(plain(config))
+        self.env_spec = env_spec
+
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
+        raise NotImplementedError
+
+    def evaluate(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> EvalOutput:
+        raise NotImplementedError
+
+    def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
+        raise NotImplementedError(f"{type(self).__name__} has no mean_action")
+
+    # -- persistence ---------------------------------------------------------------------
+    def save_pretrained(self, path: str | Path) -> None:
+        from safetensors.torch import save_model
+
+        from rlinf_cli import __version__
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(path / MODEL_FILE))
+        meta = {"model": self.config, "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
+        (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "Policy":
+        meta = read_model_config(path)
+        policy = cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]))
+        load_weights(policy, Path(path), map_location)
+        return policy
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    cfg_file = path / CONFIG_FILE
+    if not path.is_dir():
+        raise UserError(f"checkpoint '{path}' does not exist or is not a directory")
+    if not cfg_file.is_file() or not (path / MODEL_FILE).is_file():
+        raise UserError(f"'{path}' is not an rlinf checkpoint: it needs {CONFIG_FILE} and {MODEL_FILE}")
+    try:
+        meta = json.loads(cfg_file.read_text())
+        meta["model"]["name"]
+        meta["env_spec"]["observation"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"'{cfg_file}' is not a valid rlinf model config ({exc}); the checkpoint is damaged") from exc
+    return meta
+
+
+def load_weights(policy: nn.Module, path: Path, map_location: str | torch.device = "cpu") -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(path / MODEL_FILE), device=str(map_location))
+    except (SafetensorError, OSError) as exc:
+        raise UserError(f"cannot read {path / MODEL_FILE}: {exc}; the checkpoint is damaged") from exc
+    try:
+        policy.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
+        raise UserError(
+            f"checkpoint '{path}' does not match model '{getattr(policy, 'config', {}).get('name', '?')}': "
+            f"{first}. Was it saved by another model or for another simulator?"
+        ) from exc
+
+
+def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
+    """Load any rlinf checkpoint: the model plugin is looked up by the name in config.json."""
+    from rlinf_cli.registry import get_registry
+
+    meta = read_model_config(path)
+    cls = get_registry().load("model", meta["model"]["name"])
+    policy = cls.from_pretrained(path, map_location=device)
+    return policy.to(device)
+
+
+def check_compatible(policy_spec: EnvSpec, env_spec: EnvSpec, where: str) -> None:
+    """A policy trained for one observation/action layout cannot drive another."""
+    for key, spec in policy_spec.observation.items():
+        got = env_spec.observation.get(key)
+        if got is None:
+            raise UserError(f"{where} expects observation '{key}' but the simulator gives {sorted(env_spec.observation)}")
+        if tuple(got.shape) != tuple(spec.shape):
+            raise UserError(f"{where} expects observation '{key}' of shape {tuple(spec.shape)}, the simulator gives {tuple(got.shape)}")
+    if policy_spec.num_actions != env_spec.num_actions or tuple(policy_spec.action.shape) != tuple(env_spec.action.shape):
+        raise UserError(
+            f"{where} acts in {_action_str(policy_spec)} but the simulator expects {_action_str(env_spec)}"
+        )
+
+
+def _action_str(spec: EnvSpec) -> str:
+    return f"{spec.num_actions} discrete actions" if spec.discrete else f"continuous actions of shape {tuple(spec.action.shape)}"
+
+
+def obs_to_torch(obs: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(v, device=device) for k, v in obs.items()}

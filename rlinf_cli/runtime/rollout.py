@@ -1,0 +1,236 @@
+"""Rollouts: a policy driving a vectorised env.
+
+Two shapes of experience:
+
+- :meth:`Runner.collect_steps`: T steps from continuing, auto-resetting envs (PPO). Truncated
+  episodes are bootstrapped with the value of their final observation.
+- :func:`run_episodes`: one whole episode per env from given seeds, envs not auto-reset
+  (GRPO groups, evaluation, dataset collection). A recorder sees every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from rlinf_cli.api import EnvSpec, Obs, StepBatch, VecEnv
+from rlinf_cli.policy import Policy, obs_to_torch
+
+
+@dataclass
+class EpisodeStats:
+    ret: float
+    length: int
+    success_once: bool  # the task was solved at some step of the episode
+    success_at_end: bool  # the task was solved at the episode's last step
+    seed: int | None = None
+
+
+@dataclass
+class Rollout:
+    """Experience laid out [T, N] (time, env)."""
+
+    obs: dict[str, torch.Tensor]  # [T, N, ...]
+    actions: torch.Tensor  # [T, N, *action_shape]
+    logprobs: torch.Tensor  # [T, N]
+    values: torch.Tensor  # [T, N]
+    rewards: torch.Tensor  # [T, N]
+    dones: torch.Tensor  # [T, N] 1.0 where an episode ended at this step
+    trunc_values: torch.Tensor  # [T, N] V(final obs) where the episode was truncated, else 0
+    mask: torch.Tensor  # [T, N] 1.0 for steps inside an episode
+    last_value: torch.Tensor  # [N] V(obs after the last step), for bootstrapping
+    episode_returns: torch.Tensor | None = None  # [N] episodes mode: return of each env's episode
+    episodes: list[EpisodeStats] = field(default_factory=list)  # episodes that ended in this rollout
+    env_steps: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def env_action(spec: EnvSpec, action: torch.Tensor) -> np.ndarray:
+    """Policy action -> what the env accepts (continuous actions clipped to the bounds)."""
+    a = action.detach().cpu().numpy()
+    if not spec.discrete and spec.action.low is not None and spec.action.high is not None:
+        a = np.clip(a, spec.action.low, spec.action.high)
+    return a
+
+
+class EpisodeTracker:
+    """Running return/length/success per env for auto-resetting rollouts."""
+
+    def __init__(self, n: int):
+        self.ret = np.zeros(n, dtype=np.float64)
+        self.length = np.zeros(n, dtype=np.int64)
+        self.success = np.zeros(n, dtype=bool)
+
+    def update(self, sb: StepBatch) -> list[EpisodeStats]:
+        self.ret += sb.reward
+        self.length += 1
+        self.success |= sb.success
+        finished = []
+        for i in np.flatnonzero(sb.terminated | sb.truncated):
+            finished.append(EpisodeStats(float(self.ret[i]), int(self.length[i]), bool(self.success[i]), bool(sb.success[i])))
+            self.ret[i] = 0.0
+            self.length[i] = 0
+            self.success[i] = False
+        return finished
+
+
+class Runner:
+    """Collects fixed-length rollouts from an auto-resetting VecEnv."""
+
+    def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu"):
+        self.env = env
+        self.policy = policy
+        self.device = torch.device(device)
+        self.spec = env.spec
+        self.obs: Obs | None = None
+        self.tracker = EpisodeTracker(env.num_envs)
+
+    def reset(self, seeds: Sequence[int]) -> None:
+        self.obs = self.env.reset(seeds)
+        self.tracker = EpisodeTracker(self.env.num_envs)
+
+    @torch.no_grad()
+    def collect_steps(self, num_steps: int) -> Rollout:
+        assert self.obs is not None, "call reset() first"
+        n, dev, policy = self.env.num_envs, self.device, self.policy
+        obs_buf = {k: torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
+                   for k, s in self.spec.observation.items()}
+        act_dtype = torch.int64 if self.spec.discrete else torch.float32
+        actions = torch.zeros((num_steps, n, *self.spec.action.shape), dtype=act_dtype, device=dev)
+        logprobs, values, rewards, dones, trunc_values = (torch.zeros((num_steps, n), device=dev) for _ in range(5))
+        episodes: list[EpisodeStats] = []
+        stats: dict[str, float] = {}
+        obs = self.obs
+        for t in range(num_steps):
+            o = obs_to_torch(obs, dev)
+            out = policy.act(o)
+            for k, v in o.items():
+                obs_buf[k][t] = v
+            actions[t] = out.action
+            logprobs[t] = out.logprob
+            values[t] = out.value
+            sb = self.env.step(env_action(self.spec, out.action))
+            rewards[t] = torch.from_numpy(sb.reward)
+            ended = sb.terminated | sb.truncated
+            dones[t] = torch.from_numpy(ended.astype(np.float32))
+            cut = sb.truncated & ~sb.terminated
+            if policy.has_critic and sb.final_obs is not None and cut.any():
+                v_final = policy.get_value(obs_to_torch(sb.final_obs, dev))
+                trunc_values[t] = v_final * torch.from_numpy(cut.astype(np.float32)).to(dev)
+            episodes.extend(self.tracker.update(sb))
+            for k, v in sb.stats.items():
+                stats[k] = stats.get(k, 0.0) + v
+            obs = sb.obs
+        self.obs = obs
+        last_value = policy.get_value(obs_to_torch(obs, dev)) if policy.has_critic else torch.zeros(n, device=dev)
+        return Rollout(obs_buf, actions, logprobs, values, rewards, dones, trunc_values,
+                       torch.ones((num_steps, n), device=dev), last_value, None, episodes, num_steps * n, stats)
+
+
+class Recorder(Protocol):
+    def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None: ...
+
+
+def run_episodes(
+    env: VecEnv,
+    act: Callable[[Obs], tuple[Any, np.ndarray]],
+    seeds: Sequence[int],
+    recorder: Recorder | None = None,
+    max_steps: int | None = None,
+) -> list[EpisodeStats]:
+    """Run one episode per env (``env`` must not auto-reset); returns per-env stats in env order.
+
+    ``act(obs) -> (policy_output, env_action)``. Episodes still running after ``max_steps``
+    (default: the spec's ``max_episode_steps``) count as truncated.
+    """
+    n = env.num_envs
+    obs = env.reset(seeds)
+    alive = np.ones(n, dtype=bool)
+    ret = np.zeros(n)
+    length = np.zeros(n, dtype=np.int64)
+    success_once = np.zeros(n, dtype=bool)
+    success_last = np.zeros(n, dtype=bool)
+    limit = max_steps or env.spec.max_episode_steps
+    for t in range(limit):
+        out, action = act(obs)
+        sb = env.step(action)
+        if recorder is not None:
+            recorder(t, obs, out, action, sb, alive.copy())
+        ret += np.where(alive, sb.reward, 0.0)
+        length += alive
+        success_once |= sb.success & alive
+        success_last = np.where(alive, sb.success, success_last)
+        alive &= ~(sb.terminated | sb.truncated)
+        obs = sb.obs
+        if not alive.any():
+            break
+    return [EpisodeStats(float(ret[i]), int(length[i]), bool(success_once[i]), bool(success_last[i]), int(seeds[i]))
+            for i in range(n)]
+
+
+def policy_actor(policy: Policy, spec: EnvSpec, device: torch.device | str, deterministic: bool) -> Callable:
+    """``act`` function for :func:`run_episodes` from a policy."""
+    dev = torch.device(device)
+
+    @torch.no_grad()
+    def act(obs: Obs) -> tuple[Any, np.ndarray]:
+        out = policy.act(obs_to_torch(obs, dev), deterministic=deterministic)
+        return out, env_action(spec, out.action)
+
+    return act
+
+
+class EpisodeRecorder:
+    """Stores policy tensors for :func:`run_episodes`, to build a masked [T, N] Rollout (GRPO)."""
+
+    def __init__(self) -> None:
+        self.obs: list[dict[str, torch.Tensor]] = []
+        self.actions: list[torch.Tensor] = []
+        self.logprobs: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.rewards: list[np.ndarray] = []
+        self.dones: list[np.ndarray] = []
+        self.mask: list[np.ndarray] = []
+        self.stats: dict[str, float] = {}
+
+    def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
+        self.obs.append({k: torch.from_numpy(v) for k, v in obs.items()})
+        self.actions.append(out.action)
+        self.logprobs.append(out.logprob)
+        self.values.append(out.value)
+        self.rewards.append(np.where(alive, sb.reward, 0.0).astype(np.float32))
+        self.dones.append(((sb.terminated | sb.truncated) & alive).astype(np.float32))
+        self.mask.append(alive.astype(np.float32))
+        for k, v in sb.stats.items():
+            self.stats[k] = self.stats.get(k, 0.0) + v
+
+    def to_rollout(self, episodes: list[EpisodeStats], device: torch.device | str = "cpu") -> Rollout:
+        dev = torch.device(device)
+        keys = self.obs[0].keys()
+        obs = {k: torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
+        rewards = torch.from_numpy(np.stack(self.rewards)).to(dev)
+        mask = torch.from_numpy(np.stack(self.mask)).to(dev)
+        values = torch.stack(self.values).to(dev)
+        return Rollout(
+            obs=obs,
+            actions=torch.stack(self.actions).to(dev),
+            logprobs=torch.stack(self.logprobs).to(dev),
+            values=values,
+            rewards=rewards,
+            dones=torch.from_numpy(np.stack(self.dones)).to(dev),
+            trunc_values=torch.zeros_like(rewards),
+            mask=mask,
+            last_value=torch.zeros(rewards.shape[1], device=dev),
+            episode_returns=torch.tensor([e.ret for e in episodes], dtype=torch.float32, device=dev),
+            episodes=episodes,
+            env_steps=int(mask.sum().item()),
+            stats=dict(self.stats),
+        )
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8, "int64": torch.int64,
+            "int32": torch.int32, "bool": torch.bool, "float16": torch.float16}[name]

@@ -1,0 +1,239 @@
+"""Plumbing every stage shares: run directories, seeding, plugin construction, evaluation."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from rlinf_cli.api import EnvSpec, Executor, Obs, Simulator
+from rlinf_cli.errors import UserError
+from rlinf_cli.registry import get_registry
+from rlinf_cli.settings import plain
+from rlinf_cli.runtime.rollout import EpisodeStats, Recorder, run_episodes
+
+
+@dataclass
+class RunContext:
+    stage: str
+    run_dir: Path
+    device: Any  # torch.device
+    accelerator: Any
+    console: Any  # rich Console for results (stdout)
+    log: Any  # rich Console for progress and notes (stderr)
+    started: float = field(default_factory=time.time)
+
+    def note(self, msg: str) -> None:
+        self.log.print(msg, highlight=False)
+
+
+def make_run_dir(cfg: Any, stage: str, label: str) -> Path:
+    if cfg.run_dir:
+        run_dir = Path(cfg.run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = Path(cfg.runs_dir) / stage / f"{stamp}-{label}"
+        run_dir, i = base, 1
+        while run_dir.exists():
+            run_dir = base.with_name(f"{base.name}-{i}")
+            i += 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunContext:
+    """Create the run directory, save the resolved config, seed, set threads, pick the device."""
+    import torch
+    from rich.console import Console
+
+    from rlinf_cli.config import to_yaml
+
+    torch.set_num_threads(int(cfg.train.threads))
+    seed_everything(int(cfg.seed))
+    accel = select_accelerator(cfg.accelerator.name)
+    run_dir = run_dir or make_run_dir(cfg, stage, label)
+    (run_dir / "rlinf.yaml").write_text(to_yaml(cfg))
+    console = Console(quiet=False)
+    log = Console(stderr=True, quiet=bool(cfg.quiet))
+    return RunContext(stage, run_dir, accel.device(), accel, console, log)
+
+
+def select_accelerator(name: str) -> Any:
+    reg = get_registry()
+    if name == "auto":
+        specs = sorted(reg.specs("accelerator").values(), key=lambda s: -int(s.attrs.get("priority", 0)))
+        for spec in specs:
+            accel = spec.load()()
+            if accel.is_available():
+                return accel
+        raise UserError("no accelerator plugin is available; install rlinf-accelerators")
+    accel = reg.load("accelerator", name)()
+    if not accel.is_available():
+        raise UserError(f"accelerator '{name}' is not usable here: {accel.describe()}. Use accelerator=auto or accelerator=cpu")
+    return accel
+
+
+def make_simulator(node: Any) -> Simulator:
+    data = dict(plain(node))
+    return get_registry().load("simulator", data["name"])(data)
+
+
+def make_executor(node: Any) -> Executor:
+    data = dict(plain(node))
+    return get_registry().load("executor", data["name"])(data)
+
+
+def plugin_tags(cfg: Any) -> dict[str, str]:
+    """MLflow tags: which plugin (and package version) served each group."""
+    reg = get_registry()
+    from rlinf_cli import __version__
+    from rlinf_cli.registry import GROUP_TO_KIND
+
+    tags = {"rlinf.version": __version__}
+    for group, kind in GROUP_TO_KIND.items():
+        node = cfg.get(group) if hasattr(cfg, "get") else None
+        if node is None or node.get("name") in (None, "auto"):
+            continue
+        spec = reg.get(kind, node.get("name"))
+        tags[f"plugin.{group}"] = f"{spec.name} ({spec.package} {spec.version})"
+    return tags
+
+
+def training_seeds(seed: int, key: int, n: int) -> list[int]:
+    """Env seeds for training segment ``key``: a deterministic hash, kept below the eval range."""
+    state = np.random.SeedSequence([int(seed), int(key)]).generate_state(n)
+    return [int(s) % 1_000_000 for s in state]
+
+
+# -- actors (policy -> env actions) ----------------------------------------------------------
+def random_actor(spec: EnvSpec, rng: np.random.Generator) -> Callable[[Obs], tuple[None, np.ndarray]]:
+    def act(obs: Obs) -> tuple[None, np.ndarray]:
+        n = next(iter(obs.values())).shape[0]
+        if spec.discrete:
+            return None, rng.integers(0, spec.num_actions, size=n)
+        low = spec.action.low if spec.action.low is not None else -1.0
+        high = spec.action.high if spec.action.high is not None else 1.0
+        return None, rng.uniform(low, high, size=(n, *spec.action.shape)).astype(np.float32)
+
+    return act
+
+
+def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray]]:
+    expert = simulator.expert()
+    if expert is None:
+        raise UserError("this simulator has no scripted expert; use policy=random or a checkpoint directory")
+
+    def act(obs: Obs) -> tuple[None, np.ndarray]:
+        n = next(iter(obs.values())).shape[0]
+        return None, np.stack([expert({k: v[i] for k, v in obs.items()}, i) for i in range(n)])
+
+    return act
+
+
+def checkpoint_actor(path: str, spec: EnvSpec, device: Any, deterministic: bool) -> tuple[Any, Callable]:
+    from rlinf_cli.policy import check_compatible, load_policy
+    from rlinf_cli.runtime.rollout import policy_actor
+
+    policy = load_policy(path, device)
+    check_compatible(policy.env_spec, spec, f"checkpoint '{path}'")
+    policy.eval()
+    return policy, policy_actor(policy, spec, device, deterministic)
+
+
+def make_actor(policy: str, simulator: Simulator, device: Any, deterministic: bool, seed: int) -> Callable:
+    if policy == "random":
+        return random_actor(simulator.spec, np.random.default_rng(seed))
+    if policy == "expert":
+        return expert_actor(simulator)
+    return checkpoint_actor(policy, simulator.spec, device, deterministic)[1]
+
+
+# -- evaluation --------------------------------------------------------------------------------
+def evaluate(
+    act: Callable,
+    simulator: Simulator,
+    executor: Executor,
+    episodes: int,
+    seed: int,
+    num_envs: int,
+    recorder_factory: Callable[[], Recorder] | None = None,
+    on_batch: Callable[[list[EpisodeStats]], None] | None = None,
+) -> list[EpisodeStats]:
+    """Episodes ``seed, seed+1, ...`` in batches of ``num_envs``; returns them in seed order."""
+    if episodes < 1:
+        return []
+    n = max(1, min(num_envs, episodes))
+    env = executor.make_vec_env(simulator, n, autoreset=False)
+    results: list[EpisodeStats] = []
+    try:
+        for start_ in range(0, episodes, n):
+            seeds = [seed + start_ + i for i in range(n)]
+            batch = run_episodes(env, act, seeds, recorder_factory() if recorder_factory else None)
+            batch = batch[: episodes - start_]
+            results.extend(batch)
+            if on_batch is not None:
+                on_batch(batch)
+    finally:
+        env.close()
+    return results
+
+
+def summarize(episodes: Sequence[EpisodeStats]) -> dict[str, float]:
+    if not episodes:
+        return {}
+    rets = np.array([e.ret for e in episodes])
+    return {
+        "episodes": float(len(episodes)),
+        "return_mean": float(rets.mean()),
+        "return_std": float(rets.std()),
+        "success_once": float(np.mean([e.success_once for e in episodes])),
+        "success_at_end": float(np.mean([e.success_at_end for e in episodes])),
+        "length_mean": float(np.mean([e.length for e in episodes])),
+    }
+
+
+def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
+    """A rich table: one row per policy/label with the summary numbers."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("policy", "episodes", "return (mean ± std)", "success_once", "success_at_end", "length"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for label, s in rows.items():
+        if not s:
+            table.add_row(label, "-", "-", "-", "-", "-")
+            continue
+        table.add_row(label, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
+                      f"{s['success_once']:.0%}", f"{s['success_at_end']:.0%}", f"{s['length_mean']:.1f}")
+    return table
+
+
+def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: Any = None) -> Path:
+    """``result.json`` (+ the rendered table as ``eval_table.txt``) in the run dir and in MLflow."""
+    import json
+
+    from rich.console import Console
+
+    out = ctx.run_dir / "result.json"
+    out.write_text(json.dumps(result, indent=2, default=str))
+    tracker.log_artifact(ctx.run_dir / "rlinf.yaml")
+    tracker.log_artifact(out)
+    if table is not None:
+        text = ctx.run_dir / "eval_table.txt"
+        rec = Console(record=True, width=120, file=open("/dev/null", "w"))
+        rec.print(table)
+        text.write_text(rec.export_text())
+        tracker.log_artifact(text)
+    return out

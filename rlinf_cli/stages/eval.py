@@ -1,0 +1,42 @@
+"""`rlinf eval`: return / success rate of a checkpoint (or random / expert) on fixed seeds."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rlinf_cli.stages import common
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    from rlinf_cli.config import flatten
+    from rlinf_cli.tracking import Tracker
+
+    source = str(cfg.checkpoint)
+    sim = common.make_simulator(cfg.sim)
+    label = Path(source).name if source not in ("random", "expert") else source
+    ctx = common.start(cfg, "eval", f"{cfg.sim.name}-{label}")
+    act = common.make_actor(source, sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
+    executor = common.make_executor(cfg.executor)
+    from rlinf_cli.progress import Progress
+
+    with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
+            Progress(ctx.log, "eval", int(cfg.episodes), "episodes", enabled=bool(cfg.progress)) as progress:
+        tracker.log_params(flatten(cfg))
+        episodes = common.evaluate(act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs),
+                                   on_batch=lambda b: progress.update(len(b)))
+        progress.close()
+        summary = common.summarize(episodes)
+        tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, 0)
+        result = {"stage": "eval", "checkpoint": source, "run_dir": str(ctx.run_dir), "seconds": round(time.time() - ctx.started, 2),
+                  "eval": summary, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}
+        table = common.eval_table({label: summary}, f"rlinf eval: {cfg.sim.name} (seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1})")
+        common.write_result(ctx, tracker, result, table)
+        if cfg.output:
+            Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(cfg.output).write_text(json.dumps(result, indent=2))
+        ctx.console.print(table)
+        ctx.console.print_json(json.dumps({"checkpoint": source, **summary}))
+    return result

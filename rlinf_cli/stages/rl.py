@@ -1,0 +1,182 @@
+"""`rlinf rl`: RL training against a simulator, with checkpoints, resume and tracking."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_cli.errors import UserError
+from rlinf_cli.stages import common
+
+
+def _build_policy(cfg: Any, spec: Any, device: Any) -> Any:
+    from rlinf_cli.policy import check_compatible, load_policy
+    from rlinf_cli.registry import get_registry
+
+    source = cfg.resume or cfg.init
+    if source:
+        policy = load_policy(source, device)
+        check_compatible(policy.env_spec, spec, f"checkpoint '{source}'")
+        return policy
+    return get_registry().load("model", cfg.model.name)(cfg.model, spec).to(device)
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    import torch
+
+    from rlinf_cli import checkpoint as ckpt
+    from rlinf_cli.config import flatten, to_yaml
+    from rlinf_cli.registry import get_registry
+    from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
+    from rlinf_cli.runtime.trainer import make_optimizer, set_lr, update
+    from rlinf_cli.tracking import Tracker, plot_curve
+
+    algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
+    if algo.rollout == "supervised":
+        raise UserError(f"algorithm '{cfg.algo.name}' learns from a dataset: use `rlinf sft`, not `rlinf rl`")
+    resume_dir = Path(cfg.resume) if cfg.resume else None
+    run_dir = resume_dir.parent.parent if resume_dir is not None and (resume_dir.parent.parent / "rlinf.yaml").exists() else None
+    ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir)
+    sim = common.make_simulator(cfg.sim)
+    policy = _build_policy(cfg, sim.spec, ctx.device)
+    if algo.uses_critic and not policy.has_critic:
+        raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
+    executor = common.make_executor(cfg.executor)
+    c = algo.config
+    episodic = algo.rollout == "episodes"
+    num_envs = c.groups * c.group_size if episodic else int(cfg.num_envs)
+    optimizer = make_optimizer(policy, c)
+    generator = torch.Generator().manual_seed(int(cfg.seed))
+    state: dict[str, Any] = {"iteration": 0, "env_steps": 0, "best_return": None}
+    if resume_dir is not None:
+        state = ckpt.load_training_state(resume_dir, optimizer, generator)
+        ctx.note(f"resuming from {resume_dir} at iteration {state['iteration']} ({state['env_steps']:,} env steps)")
+    cfg_yaml = to_yaml(cfg)
+    ckpt_dir = ctx.run_dir / "checkpoints"
+    interval = max(1, int(cfg.checkpoint.interval))
+    total = int(cfg.total_steps)
+
+    env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
+    runner = Runner(env, policy, ctx.device)
+    tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
+    result: dict[str, Any] = {}
+    with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
+            _progress(ctx, cfg, total, state["env_steps"]) as progress:
+        tracker.log_params(flatten(cfg))
+        recent: list[Any] = []
+        first = True
+        try:
+            while state["env_steps"] < total:
+                it = state["iteration"]
+                if c.anneal_lr:
+                    set_lr(optimizer, c.lr * max(1.0 - state["env_steps"] / total, 0.0))
+                t0 = time.perf_counter()
+                if episodic:
+                    seeds = common.training_seeds(int(cfg.seed), it, c.groups)
+                    recorder = EpisodeRecorder()
+                    episodes = run_episodes(env, policy_actor(policy, sim.spec, ctx.device, False),
+                                            [s for s in seeds for _ in range(c.group_size)], recorder)
+                    rollout = recorder.to_rollout(episodes, ctx.device)
+                    keep = algo.filter_groups(rollout.episode_returns)
+                    if keep is not None:
+                        rollout.mask = rollout.mask * keep.repeat_interleave(c.group_size).to(rollout.mask).unsqueeze(0)
+                else:
+                    if first or it % interval == 0:  # re-seed at checkpoint boundaries: resume is exact
+                        runner.reset(common.training_seeds(int(cfg.seed), it // interval, num_envs))
+                    rollout = runner.collect_steps(c.rollout_steps)
+                t_rollout = time.perf_counter() - t0
+                warmup = it < getattr(c, "critic_warmup_iters", 0)
+                metrics = update(policy, optimizer, algo, rollout, generator, train_actor=not warmup)
+                t_update = time.perf_counter() - t0 - t_rollout
+                first = False
+                state["iteration"] = it + 1
+                state["env_steps"] += rollout.env_steps
+                recent = (recent + rollout.episodes)[-100:]
+                metrics.update(_rollout_metrics(rollout, recent))
+                metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update,
+                                "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
+                                "env_steps": float(state["env_steps"]), "lr": optimizer.param_groups[0]["lr"]})
+                if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0:
+                    ev = _evaluate(policy, sim, executor, cfg, ctx)
+                    metrics.update({f"eval/{k}": v for k, v in ev.items()})
+                tracker.log_metrics(metrics, state["env_steps"])
+                progress.update(rollout.env_steps, _info(metrics))
+                if state["iteration"] % interval == 0:
+                    state["mlflow_run_id"] = tracker.run_id
+                    ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
+                    ckpt.prune(ckpt_dir, int(cfg.checkpoint.keep))
+        except KeyboardInterrupt:
+            progress.close()
+            last = ckpt.latest(ckpt_dir)
+            ctx.note(f"interrupted; resume with: rlinf rl resume={last}" if last else "interrupted before the first checkpoint")
+            raise
+        finally:
+            env.close()
+        progress.close()
+        final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator)
+        summary = _evaluate(policy, sim, executor, cfg, ctx)
+        tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, state["env_steps"])
+        result = {"stage": "rl", "run_dir": str(ctx.run_dir), "checkpoint": str(final_dir),
+                  "env_steps": state["env_steps"], "iterations": state["iteration"],
+                  "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
+        table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary}, f"rlinf rl: {_sim_label(cfg)}")
+        _write_artifacts(ctx, tracker, cfg, result, table, plot_curve)
+        ctx.console.print(table)
+        ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
+    return result
+
+
+def _sim_label(cfg: Any) -> str:
+    sim = cfg.sim
+    for key in ("env_id", "task", "tasks"):
+        if sim.get(key):
+            return f"{sim.name}/{sim.get(key)}"
+    return str(sim.name)
+
+
+def _progress(ctx: Any, cfg: Any, total: int, done: int) -> Any:
+    from rlinf_cli.progress import Progress
+
+    p = Progress(ctx.log, f"rl {cfg.algo.name}", total, "steps", enabled=bool(cfg.progress))
+    p.done = float(done)
+    return p
+
+
+def _info(m: dict[str, float]) -> str:
+    parts = []
+    if "rollout/return_mean" in m:
+        parts.append(f"return {m['rollout/return_mean']:.1f}")
+    if "rollout/success_once" in m:
+        parts.append(f"success {m['rollout/success_once']:.0%}")
+    return "  ".join(parts)
+
+
+def _rollout_metrics(rollout: Any, recent: list[Any]) -> dict[str, float]:
+    out = {f"rollout/{k}": v for k, v in rollout.stats.items()}
+    if rollout.episodes:
+        s = common.summarize(rollout.episodes)
+        out.update({"rollout/return_mean": s["return_mean"], "rollout/length_mean": s["length_mean"],
+                    "rollout/success_once": s["success_once"], "rollout/success_at_end": s["success_at_end"],
+                    "rollout/episodes": s["episodes"]})
+    if recent:
+        out["rollout/return_mean_100"] = float(np.mean([e.ret for e in recent]))
+    return out
+
+
+def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any) -> dict[str, float]:
+    from rlinf_cli.runtime.rollout import policy_actor
+
+    episodes = common.evaluate(policy_actor(policy, sim.spec, ctx.device, bool(cfg.eval.deterministic)), sim, executor,
+                               int(cfg.eval.episodes), int(cfg.eval.seed), int(cfg.num_envs))
+    return common.summarize(episodes)
+
+
+def _write_artifacts(ctx: Any, tracker: Any, cfg: Any, result: dict[str, Any], table: Any, plot_curve: Any) -> None:
+    common.write_result(ctx, tracker, result, table)
+    curve = plot_curve(tracker.history, "env_steps", ["rollout/return_mean", "rollout/success_once", "eval/return_mean"],
+                       ctx.run_dir / "learning_curve.png", f"rlinf rl {cfg.algo.name} on {_sim_label(cfg)}")
+    if curve is not None:
+        tracker.log_artifact(curve)
