@@ -45,6 +45,7 @@ class EnvSpec:
     num_actions: int | None = None
     max_episode_steps: int = 1000
     tasks: tuple[str, ...] = ()  # task names for multi-task simulators (index = task id)
+    has_success: bool = False  # the simulator reports info["success"]
 
     @property
     def discrete(self) -> bool:
@@ -57,6 +58,7 @@ class EnvSpec:
             "num_actions": self.num_actions,
             "max_episode_steps": self.max_episode_steps,
             "tasks": list(self.tasks),
+            "has_success": self.has_success,
         }
 
     @classmethod
@@ -67,6 +69,7 @@ class EnvSpec:
             num_actions=d.get("num_actions"),
             max_episode_steps=int(d.get("max_episode_steps", 1000)),
             tasks=tuple(d.get("tasks", ())),
+            has_success=bool(d.get("has_success", False)),
         )
 
 

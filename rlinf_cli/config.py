@@ -131,7 +131,12 @@ def _checked(base: Any, ov: Any) -> str:
     if ov.is_add() or ov.is_force_add() or ov.is_delete():
         return text
     key = ov.key_or_group
-    old = OmegaConf.select(base, key, default=_MISSING, throw_on_missing=False)
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        old = OmegaConf.select(base, key, default=_MISSING, throw_on_missing=True)
+    except MissingMandatoryValue:  # a mandatory `???` key: it exists, any value will do
+        old = None
     if old is _MISSING:
         keys = _flat_keys(OmegaConf.to_container(base, resolve=False))
         close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)

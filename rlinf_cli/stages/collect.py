@@ -10,6 +10,7 @@ import numpy as np
 from rlinf_cli.api import Obs, StepBatch
 from rlinf_cli.data.dataset import DatasetWriter, Episode
 from rlinf_cli.errors import UserError
+from rlinf_cli.runtime.rollout import EpisodeStats
 from rlinf_cli.stages import common
 
 
@@ -107,18 +108,14 @@ def run(cfg: Any) -> dict[str, Any]:
                     ep = buf.episode(i, seeds[i])
                     kept.append(ep)
                     writer.add(ep)
-                    progress.update(1, f"success {np.mean([e.success.any() for e in kept]):.0%}  "
-                                       f"return {np.mean([e.rewards.sum() for e in kept]):.1f}")
+                    progress.update(1, (f"success {np.mean([e.success.any() for e in kept]):.0%}  " if sim.spec.has_success else "")
+                                    + f"return {np.mean([e.rewards.sum() for e in kept]):.1f}")
         finally:
             writer.close()  # finished episodes are never lost, also on Ctrl-C
             env.close()
         progress.close()
-        rets = [float(e.rewards.sum()) for e in kept]
-        summary = {"episodes": float(len(kept)), "return_mean": float(np.mean(rets)) if rets else 0.0,
-                   "return_std": float(np.std(rets)) if rets else 0.0,
-                   "success_once": float(np.mean([e.success.any() for e in kept])) if kept else 0.0,
-                   "success_at_end": float(np.mean([e.success[-1] for e in kept])) if kept else 0.0,
-                   "length_mean": float(np.mean([len(e) for e in kept])) if kept else 0.0}
+        summary = common.summarize([EpisodeStats(float(e.rewards.sum()), len(e), bool(e.success.any()), bool(e.success[-1]))
+                                    for e in kept], sim.spec.has_success)
         tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
         tracker.log_artifact(writer.path / "meta.json", "dataset")
         result = {"stage": "collect", "dataset": str(writer.path), "episodes_added": len(kept),

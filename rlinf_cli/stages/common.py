@@ -190,18 +190,21 @@ def evaluate(
     return results
 
 
-def summarize(episodes: Sequence[EpisodeStats]) -> dict[str, float]:
+def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dict[str, float]:
+    """Mean/std return, success rates (only where the simulator reports success), mean length."""
     if not episodes:
         return {}
     rets = np.array([e.ret for e in episodes])
-    return {
-        "episodes": float(len(episodes)),
-        "return_mean": float(rets.mean()),
-        "return_std": float(rets.std()),
-        "success_once": float(np.mean([e.success_once for e in episodes])),
-        "success_at_end": float(np.mean([e.success_at_end for e in episodes])),
-        "length_mean": float(np.mean([e.length for e in episodes])),
-    }
+    out = {"episodes": float(len(episodes)), "return_mean": float(rets.mean()), "return_std": float(rets.std())}
+    if has_success:
+        out["success_once"] = float(np.mean([e.success_once for e in episodes]))
+        out["success_at_end"] = float(np.mean([e.success_at_end for e in episodes]))
+    out["length_mean"] = float(np.mean([e.length for e in episodes]))
+    return out
+
+
+def pct(summary: dict[str, float], key: str) -> str:
+    return f"{summary[key]:.0%}" if key in summary else "n/a"
 
 
 def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
@@ -216,7 +219,7 @@ def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
             table.add_row(label, "-", "-", "-", "-", "-")
             continue
         table.add_row(label, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
-                      f"{s['success_once']:.0%}", f"{s['success_at_end']:.0%}", f"{s['length_mean']:.1f}")
+                      pct(s, "success_once"), pct(s, "success_at_end"), f"{s['length_mean']:.1f}")
     return table
 
 

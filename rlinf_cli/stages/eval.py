@@ -28,7 +28,7 @@ def run(cfg: Any) -> dict[str, Any]:
         episodes = common.evaluate(act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs),
                                    on_batch=lambda b: progress.update(len(b)))
         progress.close()
-        summary = common.summarize(episodes)
+        summary = common.summarize(episodes, sim.spec.has_success)
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, 0)
         result = {"stage": "eval", "checkpoint": source, "run_dir": str(ctx.run_dir), "seconds": round(time.time() - ctx.started, 2),
                   "eval": summary, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}

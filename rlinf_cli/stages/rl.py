@@ -95,7 +95,7 @@ def run(cfg: Any) -> dict[str, Any]:
                 state["iteration"] = it + 1
                 state["env_steps"] += rollout.env_steps
                 recent = (recent + rollout.episodes)[-100:]
-                metrics.update(_rollout_metrics(rollout, recent))
+                metrics.update(_rollout_metrics(rollout, recent, sim.spec.has_success))
                 metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update,
                                 "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
                                 "env_steps": float(state["env_steps"]), "lr": optimizer.param_groups[0]["lr"]})
@@ -154,13 +154,11 @@ def _info(m: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
-def _rollout_metrics(rollout: Any, recent: list[Any]) -> dict[str, float]:
+def _rollout_metrics(rollout: Any, recent: list[Any], has_success: bool) -> dict[str, float]:
     out = {f"rollout/{k}": v for k, v in rollout.stats.items()}
     if rollout.episodes:
-        s = common.summarize(rollout.episodes)
-        out.update({"rollout/return_mean": s["return_mean"], "rollout/length_mean": s["length_mean"],
-                    "rollout/success_once": s["success_once"], "rollout/success_at_end": s["success_at_end"],
-                    "rollout/episodes": s["episodes"]})
+        s = common.summarize(rollout.episodes, has_success)
+        out.update({f"rollout/{k}": v for k, v in s.items() if k != "return_std"})
     if recent:
         out["rollout/return_mean_100"] = float(np.mean([e.ret for e in recent]))
     return out
@@ -171,7 +169,7 @@ def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any) -> dict[
 
     episodes = common.evaluate(policy_actor(policy, sim.spec, ctx.device, bool(cfg.eval.deterministic)), sim, executor,
                                int(cfg.eval.episodes), int(cfg.eval.seed), int(cfg.num_envs))
-    return common.summarize(episodes)
+    return common.summarize(episodes, sim.spec.has_success)
 
 
 def _write_artifacts(ctx: Any, tracker: Any, cfg: Any, result: dict[str, Any], table: Any, plot_curve: Any) -> None:

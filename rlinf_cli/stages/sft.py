@@ -118,7 +118,8 @@ def run(cfg: Any) -> dict[str, Any]:
             sim = common.make_simulator(sim_node)
             executor = common.make_executor(cfg.executor)
             act = policy_actor(best_policy, sim.spec, ctx.device, bool(cfg.eval.deterministic))
-            summary = common.summarize(common.evaluate(act, sim, executor, int(cfg.eval.episodes), int(cfg.eval.seed), 8))
+            summary = common.summarize(common.evaluate(act, sim, executor, int(cfg.eval.episodes), int(cfg.eval.seed), 8),
+                                       sim.spec.has_success)
             tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, best[1])
         result = {"stage": "sft", "run_dir": str(ctx.run_dir), "checkpoint": str(best_dir), "best_epoch": best[1],
                   "best_loss": best[0], "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx)),

@@ -22,6 +22,7 @@ class GymnasiumConfig:
     max_episode_steps: int | None = None  # null = the env's registered limit
     kwargs: dict = field(default_factory=dict)  # extra keyword arguments for gymnasium.make
     reward_scale: float = 1.0  # rewards are multiplied by this
+    has_success: bool = False  # the env reports info["success"] (most gymnasium envs do not)
 
 
 class _DictObsEnv:
@@ -95,10 +96,12 @@ class GymnasiumSimulator:
         act = env.action_space
         limit = env.spec.max_episode_steps if env.spec is not None and env.spec.max_episode_steps else 1000
         if isinstance(act, spaces.Discrete):
-            return EnvSpec(obs, ArraySpec((), "int64"), num_actions=int(act.n), max_episode_steps=limit)
+            return EnvSpec(obs, ArraySpec((), "int64"), num_actions=int(act.n), max_episode_steps=limit,
+                           has_success=self.cfg.has_success)
         if isinstance(act, spaces.Box):
             low, high = float(np.min(act.low)), float(np.max(act.high))
-            return EnvSpec(obs, ArraySpec(tuple(act.shape), "float32", low, high), max_episode_steps=limit)
+            return EnvSpec(obs, ArraySpec(tuple(act.shape), "float32", low, high), max_episode_steps=limit,
+                           has_success=self.cfg.has_success)
         raise UserError(f"sim.env_id '{self.cfg.env_id}': action space {act} is not supported (Discrete or Box)")
 
     def make_env(self, index: int) -> _DictObsEnv:

@@ -1,0 +1,107 @@
+"""`rlinf pipeline`: expert -> collect -> sft -> rl -> eval in one command, with a summary table.
+
+Each stage runs in this process with its own run directory under the pipeline's directory.
+Overrides ``<stage>.<key>=value`` go to one stage (``rl.total_steps=50000``); any other
+override goes to every stage that has the key (``sim.env_id=...``, ``seed=1``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlinf_cli.errors import UserError
+
+STEPS = ("expert", "collect", "sft", "rl", "eval")
+# The default story: a few demonstrations leave the cloned policy room that RL then closes.
+DEFAULTS: dict[str, list[str]] = {
+    "expert": ["total_steps=60000", "eval.episodes=5"],
+    "collect": ["episodes=4"],
+    "sft": ["algo.epochs=30", "eval.episodes=0"],
+    "rl": ["total_steps=40000", "eval.episodes=0"],
+    "eval": ["episodes=20"],
+}
+_STAGE_OF = {"expert": "rl", "collect": "collect", "sft": "sft", "rl": "rl", "eval": "eval"}
+
+
+def route(args: list[str]) -> dict[str, list[str]]:
+    """Split pipeline overrides by step; shared ones go to every stage that knows the key."""
+    from rlinf_cli.config import stage_groups
+    from rlinf_cli.registry import GROUP_TO_KIND
+
+    out: dict[str, list[str]] = {step: list(DEFAULTS[step]) for step in STEPS}
+    for arg in args:
+        if "=" not in arg:
+            raise UserError(f"bad override '{arg}': write key=value (or <step>.key=value, step one of {', '.join(STEPS)})")
+        body = arg.lstrip("+~")
+        prefix = arg[: len(arg) - len(body)]
+        key, _, value = body.partition("=")
+        head, _, rest = key.partition(".")
+        if head in STEPS and rest:
+            out[head].append(f"{prefix}{rest}={value}")
+            continue
+        group = head if head in GROUP_TO_KIND else None
+        for step in STEPS:
+            if group is None or group in stage_groups(_STAGE_OF[step]):
+                out[step].append(arg)
+    return out
+
+
+def run(args: list[str]) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlinf_cli.config import compose, inherited_overrides
+    from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
+
+    routed = route(args)
+    probe = compose("collect", routed["collect"] + ["output=unused"])
+    root = Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    results: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {}
+
+    def stage(step: str, extra: list[str]) -> dict[str, Any]:
+        overrides = routed[step] + extra + [f"run_dir={root / step}"]
+        name = _STAGE_OF[step]
+        cfg = compose(name, overrides, inherited_overrides(name, overrides))
+        console.rule(f"[bold]{step}")
+        t0 = time.time()
+        module = {"rl": rl, "collect": collect, "sft": sft, "eval": eval_stage}[name]
+        results[step] = module.run(cfg)
+        timings[step] = time.time() - t0
+        return results[step]
+
+    sim = common.make_simulator(probe.sim)
+    if sim.expert() is not None:
+        source = "expert"
+        timings["expert"] = 0.0
+    else:
+        source = stage("expert", [])["checkpoint"]
+    data = root / "data"
+    stage("collect", [f"policy={source}", f"output={data}"])
+    sft_ckpt = stage("sft", [f"dataset={data}"])["checkpoint"]
+    rl_ckpt = stage("rl", [f"init={sft_ckpt}"])["checkpoint"]
+    rows = {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}
+    summaries = {}
+    for label, ckpt in rows.items():
+        summaries[label] = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])["eval"]
+        timings[f"eval:{label}"] = timings.pop("eval")
+
+    table = Table(title=f"rlinf pipeline: {probe.sim.name} {probe.sim.get('env_id') or probe.sim.get('task') or ''}".strip())
+    for col in ("policy", "return (mean ± std)", "success_once", "success_at_end", "length", "stage time"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    stage_time = {"random": None, "expert": timings.get("expert"), "sft": timings["collect"] + timings["sft"], "sft + rl": timings["rl"]}
+    for label, s in summaries.items():
+        t = stage_time[label]
+        table.add_row(label, f"{s['return_mean']:.1f} ± {s['return_std']:.1f}", common.pct(s, "success_once"),
+                      common.pct(s, "success_at_end"), f"{s['length_mean']:.0f}", "-" if t is None else f"{t:.0f} s")
+    console.rule("[bold]summary")
+    console.print(table)
+    console.print(f"pipeline directory: {root}  (MLflow: rlinf ui)")
+    import json
+
+    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings}, indent=2))
+    return {"eval": summaries, "seconds": timings, "dir": str(root)}

@@ -1,0 +1,65 @@
+"""Shared fixtures: run the CLI in-process (fast) or as a subprocess (import checks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RLINF = str(Path(sys.executable).with_name("rlinf"))
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json_tail(self) -> dict:
+        """The last JSON object printed on stdout (eval prints one)."""
+        start = self.out.rfind("\n{")
+        return json.loads(self.out[start + 1 if start >= 0 else self.out.index("{"):])
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh working directory; runs and the MLflow store land under it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    return tmp_path
+
+
+@pytest.fixture
+def cli(workdir: Path, capsys: pytest.CaptureFixture):
+    """Call `rlinf ...` in this process; returns a Result (exit code, stdout, stderr)."""
+    from rlinf_cli.cli import main
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def cli_proc(workdir: Path):
+    """Call `rlinf ...` as a subprocess (for exit codes, tracebacks and import checks)."""
+
+    def run(*args: str, env: dict | None = None, timeout: float = 600) -> Result:
+        proc = subprocess.run([RLINF, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "COLUMNS": "200", **(env or {})})
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
