@@ -1,6 +1,7 @@
-"""MLP actor-critic.
+"""MLP actor-critic, with a small CNN encoder for image observations.
 
-Observation keys listed in ``obs_keys`` (flat float vectors) are concatenated. Discrete actions
+Observation keys listed in ``obs_keys`` are encoded and concatenated: flat vectors as they are,
+images (``[H, W, C]`` uint8) through a CNN shared by actor and critic. Discrete actions
 use a categorical head; continuous actions a Gaussian with a state-independent log std.
 Distributions are written out by hand: ``torch.distributions`` validation and object creation
 cost more than the maths at these sizes.
@@ -32,12 +33,38 @@ class MLPConfig:
     log_std_init: float = 0.0  # initial log std of the Gaussian (continuous actions)
     critic: bool = True  # build a value head (PPO needs it; GRPO and BC do not)
     ortho_init: bool = True  # orthogonal init with small policy-head gain
+    cnn_channels: tuple[int, ...] = (16, 32)  # conv channels for image observations
+    cnn_kernels: tuple[int, ...] = (8, 4)  # conv kernel sizes
+    cnn_strides: tuple[int, ...] = (4, 2)  # conv strides
+    cnn_features: int = 128  # encoder output width per image
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
         if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
             raise ValueError("hidden_sizes must be a non-empty list of positive widths")
+        if not len(self.cnn_channels) == len(self.cnn_kernels) == len(self.cnn_strides):
+            raise ValueError("cnn_channels, cnn_kernels and cnn_strides must have the same length")
+
+
+class CNNEncoder(nn.Module):
+    """[B, H, W, C] uint8 image -> [B, features]; conv + ReLU stack, then a linear layer."""
+
+    def __init__(self, shape: tuple[int, ...], cfg: MLPConfig):
+        super().__init__()
+        h, w, c = shape
+        layers: list[nn.Module] = []
+        for out_c, k, s in zip(cfg.cnn_channels, cfg.cnn_kernels, cfg.cnn_strides):
+            layers += [nn.Conv2d(c, out_c, k, s), nn.ReLU()]
+            c = out_c
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, shape[2], h, w)).shape[1]
+        self.out = nn.Sequential(nn.Linear(n, cfg.cnn_features), nn.ReLU())
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = img.permute(0, 3, 1, 2).float().mul_(1.0 / 255.0)
+        return self.out(self.conv(x))
 
 
 def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float, ortho: bool) -> nn.Sequential:
@@ -62,7 +89,10 @@ class MLPPolicy(Policy):
         missing = [k for k in cfg.obs_keys if k not in env_spec.observation]
         if missing:
             raise UserError(f"model.obs_keys {list(cfg.obs_keys)}: the simulator has no {missing}; it gives {sorted(env_spec.observation)}")
-        in_dim = sum(math.prod(env_spec.observation[k].shape) for k in cfg.obs_keys)
+        self._images = [k for k in cfg.obs_keys if len(env_spec.observation[k].shape) == 3]
+        self._flat = [k for k in cfg.obs_keys if k not in self._images]
+        self.encoders = nn.ModuleDict({k: CNNEncoder(tuple(env_spec.observation[k].shape), cfg) for k in self._images})
+        in_dim = sum(math.prod(env_spec.observation[k].shape) for k in self._flat) + cfg.cnn_features * len(self._images)
         act = _ACTIVATIONS[cfg.activation]
         hidden = list(cfg.hidden_sizes)
         if env_spec.discrete:
@@ -77,10 +107,12 @@ class MLPPolicy(Policy):
         self._keys = cfg.obs_keys
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if len(self._keys) == 1:
+        if len(self._keys) == 1 and not self._images:
             x = obs[self._keys[0]]
             return x.reshape(x.shape[0], -1).float()
-        return torch.cat([obs[k].reshape(obs[k].shape[0], -1).float() for k in self._keys], dim=-1)
+        parts = [obs[k].reshape(obs[k].shape[0], -1).float() for k in self._flat]
+        parts += [self.encoders[k](obs[k]) for k in self._images]
+        return torch.cat(parts, dim=-1)
 
     def _value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1) if self.has_critic else x.new_zeros(x.shape[0])
