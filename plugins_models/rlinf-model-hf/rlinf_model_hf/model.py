@@ -98,6 +98,14 @@ def gguf_to_dir(gguf: Path, cache_dir: str | None) -> Path:
     return out
 
 
+def _quiet_transformers() -> None:
+    """rlinf draws its own progress: no per-shard bars from transformers on every checkpoint."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 class HFCausalLM(Policy):
     """Token-level policy over a transformers causal LM (no critic: GRPO-family algorithms)."""
 
@@ -105,6 +113,7 @@ class HFCausalLM(Policy):
 
     def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec | None = None, *, _hf_dir: Path | None = None):
         super().__init__(config, env_spec or TEXT_SPEC)
+        _quiet_transformers()
         self.cfg = settings.build(HFConfig, self.config, "model")
         self.lm, self.tokenizer = self._load(_hf_dir)
         if self.tokenizer.pad_token_id is None:  # many LM tokenizers have none; pad with eos (masked anyway)
@@ -238,3 +247,16 @@ class HFCausalLM(Policy):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # lets engines (DeepSpeed) wrap the policy
         return self.lm(*args, **kwargs)
+
+    def sequence_nll(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Mean negative log-likelihood of the tokens where ``loss_mask`` is 1 (SFT on completions).
+
+        All tensors [B, L]; token t is predicted from tokens < t, so ``loss_mask[:, 0]`` is ignored.
+        """
+        pos = (attention_mask.cumsum(1) - 1).clamp_min(0)
+        with self.autocast():
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits[:, :-1]
+        target, mask = input_ids[:, 1:], loss_mask[:, 1:].to(torch.float32)
+        nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                reduction="none").view_as(mask)
+        return (nll * mask).sum() / mask.sum().clamp_min(1.0)
