@@ -132,6 +132,11 @@ class DeepSpeedEngine(Engine):
             import deepspeed
         except ImportError as exc:
             raise UserError("train.backend=deepspeed needs DeepSpeed: pip install 'rlinf[deepspeed]'") from exc
+        on_cpu = accelerator is None or accelerator.device().type == "cpu"
+        if on_cpu:  # DeepSpeed JIT-compiles a shared-memory comm op (~3 min) on CPU; gloo does that job
+            import deepspeed.ops
+
+            getattr(deepspeed.ops, "__compatible_ops__", {})["deepspeed_shm_comm"] = False
         if not torch.distributed.is_initialized():
             for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
                 os.environ.setdefault(key, value)

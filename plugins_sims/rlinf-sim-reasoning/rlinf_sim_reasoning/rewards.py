@@ -91,7 +91,8 @@ def parse_number(text: str | None) -> Fraction | None:
     """
     if text is None:
         return None
-    s = text.strip().replace("\u2212", "-").replace("$", "").replace("\\!", "").replace(" ", "")
+    s = text.strip().replace("\u2212", "-").replace("$", "").replace("\\!", "").strip()
+    s = re.sub(r"\s*/\s*", "/", s)  # "3 / 4" is a fraction; "4 6" stays two numbers (not 46)
     s = s.rstrip(".")
     frac = re.fullmatch(r"([-+]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}", s)
     if frac:
@@ -116,7 +117,7 @@ def parse_number(text: str | None) -> Fraction | None:
 
 def normalize(text: str) -> str:
     """Lower case, no surrounding spaces, ``$``, trailing period or ``\\text{}`` wrapper."""
-    s = text.strip().strip("$").strip()
+    s = text.strip().strip("$").strip().rstrip(".").strip()
     m = re.fullmatch(r"\\text\{(.*)\}", s)
     if m:
         s = m.group(1)
