@@ -81,15 +81,19 @@ def gguf_to_dir(gguf: Path, cache_dir: str | None) -> Path:
     if not gguf.is_file():
         raise UserError(f"GGUF file '{gguf}' does not exist")
     st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"v2:{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
     root = Path(cache_dir or os.environ.get("RLINF_CACHE", Path.home() / ".cache" / "rlinf")) / "gguf"
     out = root / f"{gguf.stem}-{key}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # a GGUF-loaded model refuses save_pretrained: rebuild it from its config and copy the weights
-    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    # a GGUF-loaded model refuses save_pretrained: rebuild it from its config (without the GGUF
+    # quantization marker, which would make every later save refuse too) and copy the weights
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     fresh.save_pretrained(tmp)

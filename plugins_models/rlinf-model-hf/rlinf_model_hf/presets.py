@@ -21,13 +21,16 @@ def char_tokenizer() -> Any:
     ``decoders.Fuse()`` joins the characters back without separators: without it ``decode``
     puts a space between characters and every exact-match reward silently becomes 0.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character, newlines too
     tok.decoder = decoders.Fuse()
+    # add_special_tokens=True (the default of tokenizer(text), as other trainers call it) prepends <bos>,
+    # the same ids rlinf's encode_prompts builds
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
                                    unk_token="<unk>", clean_up_tokenization_spaces=False)
 
