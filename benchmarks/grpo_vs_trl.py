@@ -4,8 +4,11 @@ Both start from the same SFT checkpoint (a ~5M Qwen2 with rlinf's character toke
 2-digit addition), see the same prompts in the same order (16 per step), sample 8 completions
 per prompt with at most 4 new tokens at temperature 1, and take one AdamW step per batch (lr,
 eps 1e-5, grad-norm clip 1.0, no KL, no reference model, clip 0.2/0.28, token-level loss,
-group-std advantages). Seeds run interleaved (rlinf, TRL, rlinf, TRL, ...) so machine load hits
-both alike. Reported per system: median seconds per step (sampling + update), median generated
+group-std advantages). The two run interleaved step by step in one process: after each TRL step a
+callback runs one rlinf step, so load from other processes on a shared machine hits both alike.
+The rlinf step is the body of `rlinf rl`'s text loop (rlinf_cli/stages/text_rl.py): the same
+`collect_groups`, `to_batch` and `update` on the same Engine, with the same prompt seeds, minus
+the per-iteration tracking. Reported per system: median seconds per step (sampling + update), median generated
 tokens/s (completion tokens / step time) and generation-phase tokens/s, and held-out greedy
 exact-match accuracy of the final model (the same evaluator and 300 held-out prompts for both).
 
@@ -61,31 +64,51 @@ def step_prompts(seed: int, steps: int, groups: int) -> list[list]:
     return [task.prompts(training_seeds(seed, it * 64, groups)) for it in range(steps)]
 
 
-def run_rlinf(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict:
-    from rlinf_cli.config import compose, inherited_overrides
-    from rlinf_cli.policy import load_policy
-    from rlinf_cli.stages import text_rl
+class RlinfStepper:
+    """One `rlinf rl` text iteration per call, as text_rl.run does it (torch backend, one process)."""
 
-    overrides = ["algo=grpo", f"init={sft}", *SIM_OVERRIDES, f"text.iterations={a.steps}", f"algo.groups={a.prompts}",
-                 f"algo.group_size={a.group}", "algo.epochs=1", f"algo.minibatch_size={a.prompts * a.group}",
-                 f"algo.lr={a.lr}", "algo.max_grad_norm=1.0", "eval.episodes=0", "eval.interval=0",
-                 "checkpoint.interval=1000000", f"seed={seed}", f"run_dir={out}", "tracking.enabled=false",
-                 "progress=false", "quiet=true"]
-    cfg = compose("rl", overrides, inherited_overrides("rl", overrides))
-    result = text_rl.run(cfg)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/step_s" in r]
-    policy = load_policy(result["checkpoint"])
-    return {
-        "step_s": [r["time/step_s"] for r in rows],
-        "gen_s": [r["time/rollout_s"] for r in rows],
-        "tokens": [r["rollout/completion_tokens_mean"] * a.prompts * a.group for r in rows],
-        "reward": [r["rollout/reward_mean"] for r in rows],
-        "accuracy": heldout_accuracy(policy, a.eval),
-    }
+    def __init__(self, sft: Path, seed: int, a: argparse.Namespace):
+        import torch
+
+        from rlinf_algos.grpo import GRPO
+        from rlinf_cli.policy import load_policy
+        from rlinf_cli.runtime import distributed
+        from rlinf_cli.stages.common import seed_everything
+        from rlinf_sim_reasoning.tasks import ArithmeticTask
+
+        seed_everything(seed)
+        self.policy = load_policy(sft)
+        self.task = ArithmeticTask(TASK)
+        self.algo = GRPO.from_config({"groups": a.prompts, "group_size": a.group, "epochs": 1, "lr": a.lr,
+                                      "minibatch_size": a.prompts * a.group, "max_grad_norm": 1.0})
+        self.engine = distributed.make_engine(self.policy, self.algo.config, {"backend": "torch"})
+        self.generator = torch.Generator().manual_seed(seed)
+        self.sampler = torch.Generator().manual_seed(seed * 1_000_003)
+        self.seed, self.it = seed, 0
+        self.step_s: list[float] = []
+        self.gen_s: list[float] = []
+        self.tokens: list[int] = []
+        self.reward: list[float] = []
+
+    def step(self) -> None:
+        from rlinf_cli.runtime import text
+        from rlinf_cli.stages.common import training_seeds
+
+        c = self.algo.config
+        seeds = lambda r: training_seeds(self.seed, self.it * 64 + r, c.groups)  # noqa: E731 (text_rl's seeds_for)
+        t0 = time.perf_counter()
+        kept, seen, stats = text.collect_groups(self.policy, self.task, self.algo, seeds(0), seeds, TASK["max_new_tokens"],
+                                                self.sampler)
+        text.update(self.engine, self.algo, text.to_batch(self.policy, kept, c.group_size), self.generator)
+        self.step_s.append(time.perf_counter() - t0)
+        self.gen_s.append(stats.seconds)
+        self.tokens.append(stats.generated_tokens)
+        self.reward.append(sum(x.score.reward for x in seen) / len(seen))
+        self.it += 1
 
 
-def run_trl(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict:
+def run_pair(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict[str, dict]:
+    """TRL's trainer, with one rlinf step after each TRL step; returns both systems' numbers."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -117,7 +140,12 @@ def run_trl(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict:
         def on_step_end(self, *args, **kwargs):
             self.step_s.append(time.perf_counter() - self.t0)
 
+    class Interleave(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            rlinf.step()
+
     timer = StepTimer()
+    rlinf = RlinfStepper(sft, seed, a)
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=a.prompts * a.group, gradient_accumulation_steps=1,
         num_generations=a.group, max_completion_length=TASK["max_new_tokens"], learning_rate=a.lr,
@@ -128,7 +156,7 @@ def run_trl(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict:
     )
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[timer])
+                          processing_class=tok, callbacks=[timer, Interleave()])
     inner = trainer._generate_and_score_completions
 
     def timed(*args, **kwargs):
@@ -143,7 +171,10 @@ def run_trl(sft: Path, seed: int, a: argparse.Namespace, out: Path) -> dict:
     trainer.train()
     shell = HFCausalLM.from_pretrained(sft)
     shell.lm = trainer.model.float().eval()
-    return {"step_s": timer.step_s, "gen_s": gen_s, "tokens": tokens, "reward": [], "accuracy": heldout_accuracy(shell, a.eval)}
+    trl_numbers = {"step_s": timer.step_s, "gen_s": gen_s, "tokens": tokens, "accuracy": heldout_accuracy(shell, a.eval)}
+    rlinf_numbers = {"step_s": rlinf.step_s, "gen_s": rlinf.gen_s, "tokens": rlinf.tokens, "reward": rlinf.reward,
+                     "accuracy": heldout_accuracy(rlinf.policy, a.eval)}
+    return {"rlinf": rlinf_numbers, "trl": trl_numbers}
 
 
 def med(xs: list[float], skip: int = 2) -> float:
@@ -175,13 +206,12 @@ def main() -> None:
     before = heldout_accuracy(load_policy(sft), a.eval)
     runs: dict[str, list[dict]] = {"rlinf": [], "trl": []}
     for seed in a.seeds:
-        for name, fn in (("rlinf", run_rlinf), ("trl", run_trl)):
-            t = time.time()
-            r = fn(sft, seed, a, work / f"{name}-{seed}")
-            r["wall_s"] = time.time() - t
+        pair = run_pair(sft, seed, a, work / f"trl-{seed}")
+        for name in ("rlinf", "trl"):
+            r = pair[name]
             runs[name].append(r)
-            print(f"seed {seed} {name:5s}: {med(r['step_s']):.3f} s/step, accuracy {before:.1%} -> {r['accuracy']:.1%} "
-                  f"({r['wall_s']:.0f} s)", flush=True)
+            print(f"seed {seed} {name:5s}: {med(r['step_s']):.3f} s/step, accuracy {before:.1%} -> {r['accuracy']:.1%}",
+                  flush=True)
 
     def summary(rs: list[dict]) -> dict:
         step = statistics.median(med(r["step_s"]) for r in rs)

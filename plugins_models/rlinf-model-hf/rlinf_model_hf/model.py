@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -98,7 +99,10 @@ def gguf_to_dir(gguf: Path, cache_dir: str | None) -> Path:
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else None
+    if out.exists():  # another process converted it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
     return out
 
 
