@@ -58,7 +58,6 @@ def run_eval(cfg: Any) -> dict[str, Any]:
 
 
 def run_collect(cfg: Any) -> dict[str, Any]:
-    from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.runtime.text import sample_completions
     from rlinf_cli.settings import plain
 
@@ -98,8 +97,7 @@ def run_collect(cfg: Any) -> dict[str, Any]:
     meta["provenance"].append({"sim": plain(cfg.sim), "sim_choice": cfg.choices.sim, "policy": str(cfg.policy),
                                "rows": len(rows), "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
     meta_path.write_text(json.dumps(meta, indent=2))
-    (ctx.run_dir / "rlinf.yaml").write_text(to_yaml(cfg))
     result = {"stage": "collect", "modality": "text", "output": str(out), "rows": len(rows), "prompts": n,
-              "params": len(flatten(cfg))}
+              "run_dir": str(ctx.run_dir)}
     ctx.console.print_json(json.dumps(result))
     return result
