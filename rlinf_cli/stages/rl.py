@@ -38,7 +38,9 @@ def run(cfg: Any) -> dict[str, Any]:
     if algo.rollout == "supervised":
         raise UserError(f"algorithm '{cfg.algo.name}' learns from a dataset: use `rlinf sft`, not `rlinf rl`")
     resume_dir = Path(cfg.resume) if cfg.resume else None
-    run_dir = resume_dir.parent.parent if resume_dir is not None and (resume_dir.parent.parent / "rlinf.yaml").exists() else None
+    run_dir = None
+    if resume_dir is not None and not cfg.run_dir and (resume_dir.parent.parent / "rlinf.yaml").exists():
+        run_dir = resume_dir.parent.parent  # a resumed run continues in its own directory
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir)
     sim = common.make_simulator(cfg.sim)
     policy = _build_policy(cfg, sim.spec, ctx.device)
