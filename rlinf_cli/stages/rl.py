@@ -65,6 +65,7 @@ def run(cfg: Any) -> dict[str, Any]:
     runner = Runner(env, policy, ctx.device)
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
     result: dict[str, Any] = {}
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
         tracker.log_params(flatten(cfg))
@@ -105,7 +106,7 @@ def run(cfg: Any) -> dict[str, Any]:
                     ev = _evaluate(policy, sim, executor, cfg, ctx)
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
-                progress.update(rollout.env_steps, _info(metrics))
+                progress.update(rollout.env_steps, _info(metrics, state["iteration"]))
                 if state["iteration"] % interval == 0:
                     state["mlflow_run_id"] = tracker.run_id
                     ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
@@ -147,8 +148,8 @@ def _progress(ctx: Any, cfg: Any, total: int, done: int) -> Any:
     return p
 
 
-def _info(m: dict[str, float]) -> str:
-    parts = []
+def _info(m: dict[str, float], iteration: int) -> str:
+    parts = [f"iter {iteration}"]
     if "rollout/return_mean" in m:
         parts.append(f"return {m['rollout/return_mean']:.1f}")
     if "rollout/success_once" in m:
