@@ -84,3 +84,9 @@ def test_bad_input_is_one_line_and_exit_2(cli_proc, args, needle):
 def test_version(cli):
     res = cli("--version")
     assert res.code == 0 and res.out.startswith("rlinf ")
+
+
+def test_check_sim_passes_for_a_bundled_simulator(cli):
+    res = cli("check-sim", "sim.env_id=Pendulum-v1")
+    assert res.code == 0, res.err
+    assert "FAIL" not in res.out and res.out.count("pass") == 7
