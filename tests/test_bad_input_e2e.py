@@ -69,8 +69,7 @@ def _wait_for(path, timeout=120.0):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
-    args = [RLINF, "rl", "total_steps=400000", "checkpoint.interval=2", "run_dir=run", "tracking.enabled=false",
-            "progress=false", "eval.episodes=2"]
+    args = [RLINF, "rl", "total_steps=400000", "checkpoint.interval=2", "run_dir=run", "progress=false", "eval.episodes=2"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
     _wait_for(workdir / "run/checkpoints/iter_000004")
     proc.send_signal(sig)
@@ -86,3 +85,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
     assert res.returncode == 0, res.stderr
     final = json.loads((workdir / "run/checkpoints/final/trainer_state.json").read_text())
     assert final["iteration"] == state["iteration"] + 2  # continued where it stopped, in the same run dir
+    result = json.loads((workdir / "run/result.json").read_text())
+    assert result["mlflow_run_id"] == state["mlflow_run_id"]  # and in the same MLflow run
+    rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "train/epochs" in r]
+    assert steps == sorted(set(steps))  # iterations after the checkpoint were dropped, not duplicated

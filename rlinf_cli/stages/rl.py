@@ -66,7 +66,8 @@ def run(cfg: Any) -> dict[str, Any]:
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
     result: dict[str, Any] = {}
     ctx.open()
-    with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
+    resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["env_steps"]} if resume_dir else {}
+    with Tracker(cfg, ctx.run_dir, "rl", tags, **resumed) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
         tracker.log_params(flatten(cfg))
         recent: list[Any] = []
