@@ -33,6 +33,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     policy = tc.build_policy(cfg, source, ctx.device)
     t = cfg.text
     n = int(cfg.episodes)
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
                                             "rlinf.modality": "text"}) as tracker, \
             Progress(ctx.log, "eval", n, "prompts", enabled=bool(cfg.progress)) as progress:
@@ -86,6 +87,7 @@ def run_collect(cfg: Any) -> dict[str, Any]:
                                        greedy=bool(cfg.deterministic) and k == 1, generator=gen)
             rows += [{"prompt": c.sample.prompt, "completion": c.text, "answer": c.sample.answer, "seed": c.sample.seed,
                       "correct": bool(c.score.correct)} for c in comps if c.score.correct or not cfg.only_success]
+    ctx.open()
     out.parent.mkdir(parents=True, exist_ok=True)
     mode = "a" if out.exists() else "w"
     with out.open(mode, encoding="utf-8") as f:

@@ -72,7 +72,9 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.progress import Progress
 
     tags = {**common.plugin_tags(cfg), "rlinf.modality": "text", "rlinf.backend": engine.backend}
-    with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
+    ctx.open()
+    resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["iteration"]} if resume_dir else {}
+    with Tracker(cfg, ctx.run_dir, "rl", tags, **resumed) as tracker, \
             Progress(ctx.log, f"rl {cfg.algo.name}", iterations, "iterations", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
         progress.done = float(state["iteration"])

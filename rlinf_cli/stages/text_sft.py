@@ -119,6 +119,7 @@ def run(cfg: Any) -> dict[str, Any]:
                 count += len(idx)
         return total / max(count, 1)
 
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "sft", {**common.plugin_tags(cfg), "rlinf.modality": "text"}) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
