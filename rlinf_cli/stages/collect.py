@@ -62,6 +62,12 @@ def _with_noise(act: Any, spec: Any, noise: float, epsilon: float, rng: np.rando
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    from rlinf_cli.stages import text_common
+
+    if text_common.sim_modality(cfg.sim) == "text":
+        from rlinf_cli.stages import text_eval
+
+        return text_eval.run_collect(cfg)
     from omegaconf import OmegaConf
 
     from rlinf_cli import __version__

@@ -11,6 +11,12 @@ from rlinf_cli.stages import common
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    from rlinf_cli.stages import text_common
+
+    if text_common.sim_modality(cfg.sim) == "text":
+        from rlinf_cli.stages import text_eval
+
+        return text_eval.run_eval(cfg)
     from rlinf_cli.config import flatten
     from rlinf_cli.tracking import Tracker
 

@@ -57,6 +57,11 @@ def run(args: list[str]) -> dict[str, Any]:
 
     routed = route(args)
     probe = compose("collect", routed["collect"] + ["output=unused"])
+    from rlinf_cli.stages.text_common import sim_modality
+
+    if sim_modality(probe.sim) == "text":
+        raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{probe.sim.name}' run "
+                        "collect, sft, rl and eval (see docs/llm.md)")
     root = Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     console = Console()

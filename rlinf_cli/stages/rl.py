@@ -25,6 +25,12 @@ def _build_policy(cfg: Any, spec: Any, device: Any) -> Any:
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    from rlinf_cli.stages import text_common
+
+    if text_common.sim_modality(cfg.sim) == "text":  # language models on text tasks
+        from rlinf_cli.stages import text_rl
+
+        return text_rl.run(cfg)
     import torch
 
     from rlinf_cli import checkpoint as ckpt

@@ -23,6 +23,12 @@ def split_episodes(episode_ids: np.ndarray, val_fraction: float, seed: int) -> t
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    from rlinf_cli.stages import text_common
+
+    if text_common.is_text_dataset(cfg.dataset):  # a JSONL of prompt/completion pairs: language models
+        from rlinf_cli.stages import text_sft
+
+        return text_sft.run(cfg)
     import torch
 
     from rlinf_cli import checkpoint as ckpt

@@ -4,7 +4,10 @@ A group is G episodes (or G completions of one prompt) that start from the same 
 member's advantage is its outcome relative to the group: (R - mean) / (std + eps). No critic.
 - clip-higher: asymmetric clip range [1 - clip_low, 1 + clip_high] keeps exploration alive;
 - token-level loss: every valid step/token weighs the same, whatever its episode's length;
-- group filtering: groups whose returns are all equal carry no signal and can be dropped.
+- group filtering: groups whose returns are all equal carry no signal and can be dropped;
+  text tasks then draw fresh prompts to refill the batch (DAPO's dynamic sampling).
+Variants that change only the advantage (RLOO, REINFORCE++) subclass this file's GRPO and
+override :meth:`GRPO.outcome_advantages`; the loss and the rollouts stay the same.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class GRPOConfig(TrainConfig):
     clip_high: float = 0.28  # ratio clip above: 1 + clip_high (DAPO clip-higher)
     dual_clip: float | None = None  # optional dual clip for negative advantages
     filter_groups: bool = False  # drop groups whose returns are all equal (no learning signal)
+    refill_rounds: int = 3  # text tasks with filter_groups: extra prompt draws to refill dropped groups
     entropy_coef: float = 0.0  # entropy bonus
     kl_coef: float = 0.0  # weight of k3 KL to a frozen reference policy (0 = no reference)
 
@@ -40,6 +44,8 @@ class GRPOConfig(TrainConfig):
             raise ValueError("groups must be >= 1")
         if self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError("clip_low and clip_high must be > 0")
+        if self.refill_rounds < 0:
+            raise ValueError("refill_rounds must be >= 0")
 
 
 def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:

