@@ -44,10 +44,11 @@ def run(cfg: Any) -> dict[str, Any]:
     policy = _build_policy(cfg, sim.spec, ctx.device)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
-    executor = common.make_executor(cfg.executor)
     c = algo.config
     episodic = algo.rollout == "episodes"
     num_envs = c.groups * c.group_size if episodic else int(cfg.num_envs)
+    executor = common.make_executor(cfg.executor, common.runtime_options(
+        cfg, policy_actor(policy, sim.spec, ctx.device, False), sim.spec, num_envs))
     optimizer = make_optimizer(policy, c)
     generator = torch.Generator().manual_seed(int(cfg.seed))
     state: dict[str, Any] = {"iteration": 0, "env_steps": 0, "best_return": None}
@@ -62,6 +63,12 @@ def run(cfg: Any) -> dict[str, Any]:
     env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
     runner = Runner(env, policy, ctx.device)
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
+    if cfg.get("runtime") is not None and cfg.runtime.mode != "collocated":
+        choice = getattr(executor, "choice", None)
+        if choice is not None:
+            ctx.note(choice.reason)
+        ctx.note(f"runtime: {executor.describe()}")
+        tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
     with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
