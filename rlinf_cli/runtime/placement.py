@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from rlinf_cli import settings
-from rlinf_cli.runtime.codec import CodecConfig
+from rlinf_cli.runtime.codec import CODECS, CodecConfig
 
 MODES = ("collocated", "disaggregated", "hybrid", "auto")
 # Driver-side cost of one request/reply with a local worker (pipe, pickling, wake-up), measured
@@ -48,6 +48,8 @@ class RuntimeConfig:
             raise ValueError("runtime.pipeline_stages must be >= 1 and runtime.env_workers >= 0")
         if self.start_method not in ("forkserver", "spawn", "fork"):
             raise ValueError(f"runtime.start_method must be forkserver, spawn or fork, got '{self.start_method}'")
+        if self.obs_compression not in CODECS:
+            raise ValueError(f"env.obs_compression must be one of {', '.join(CODECS)}, got '{self.obs_compression}'")
         if self.shared_memory not in (True, False, "auto"):
             raise ValueError(f"runtime.shared_memory must be true, false or auto, got {self.shared_memory!r}")
 

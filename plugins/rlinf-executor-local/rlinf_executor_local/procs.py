@@ -21,7 +21,10 @@ import numpy as np
 from rlinf_cli.runtime.codec import CodecConfig, Packed
 from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# One thread per worker for every pool a simulator may bring: BLAS/OpenMP, and Mesa's llvmpipe
+# rasteriser (LP_NUM_THREADS), whose per-frame thread hand-offs stall when workers already
+# fill the cores.
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
 # -- wire format -------------------------------------------------------------------------------
