@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
-PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local \
+PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local plugins/rlinf-executor-ray \
            plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 

@@ -63,12 +63,12 @@ def run(cfg: Any) -> dict[str, Any]:
     env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
     runner = Runner(env, policy, ctx.device)
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
-    if cfg.get("runtime") is not None and cfg.runtime.mode != "collocated":
-        choice = getattr(executor, "choice", None)
-        if choice is not None:
-            ctx.note(choice.reason)
+    choice = getattr(executor, "choice", None)
+    if choice is not None:  # runtime.mode=auto: say what the probe chose and why
+        ctx.note(choice.reason)
+    if type(env).__name__ != "SyncVecEnv":  # envs outside this process: say where
         ctx.note(f"runtime: {executor.describe()}")
-        tags["rlinf.runtime"] = executor.describe()
+    tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
     with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
