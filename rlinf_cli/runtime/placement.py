@@ -36,6 +36,7 @@ class RuntimeConfig:
     start_method: str = "forkserver"  # how local workers start: forkserver | spawn | fork
     max_restarts: int = 3  # env-worker crashes recovered per VecEnv; 0 = fail on the first
     worker_timeout_s: float = 300.0  # a worker silent this long counts as crashed
+    overlap_update: bool = False  # rl: next rollout collected during the update (read by the rl stage)
     obs_compression: str = "none"  # none | lz4 | zstd (from env.obs_compression)
     obs_delta: bool = False  # XOR-delta for uint8 images (from env.obs_delta)
     compression_level: int = 1  # zstd level (from env.compression_level)

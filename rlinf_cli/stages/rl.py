@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cli.errors import UserError
+from rlinf_cli.settings import plain
 from rlinf_cli.stages import common
 
 
@@ -60,13 +61,28 @@ def run(cfg: Any) -> dict[str, Any]:
     interval = max(1, int(cfg.checkpoint.interval))
     total = int(cfg.total_steps)
 
-    env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
-    runner = Runner(env, policy, ctx.device)
+    overlap = bool(cfg.get("runtime", {}).get("overlap_update", False)) and not episodic
+    if overlap:  # the next rollout is collected in another process during the update
+        from rlinf_cli.runtime.overlap import OverlappedRunner
+
+        start_it = state["iteration"]
+        runtime = common.runtime_options(cfg)
+        env = runner = OverlappedRunner(
+            sim, policy, num_envs, int(cfg.seed) + 1,
+            lambda i: common.training_seeds(int(cfg.seed), i // interval, num_envs)
+            if i == start_it or i % interval == 0 else None,
+            start_iteration=start_it, start_method=str(runtime.get("start_method", "forkserver")),
+            executor=None if runtime.get("mode", "collocated") == "collocated"
+            else {**dict(plain(cfg.executor)), "runtime": runtime})
+        ctx.note("runtime: rollouts overlap the update in a separate process (one policy version behind)")
+    else:
+        env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
+        runner = Runner(env, policy, ctx.device)
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
     choice = getattr(executor, "choice", None)
     if choice is not None:  # runtime.mode=auto: say what the probe chose and why
         ctx.note(choice.reason)
-    if type(env).__name__ != "SyncVecEnv":  # envs outside this process: say where
+    if type(env).__name__ not in ("SyncVecEnv", "OverlappedRunner"):  # envs outside this process: say where
         ctx.note(f"runtime: {executor.describe()}")
     tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
@@ -80,7 +96,7 @@ def run(cfg: Any) -> dict[str, Any]:
                 it = state["iteration"]
                 if c.anneal_lr:
                     set_lr(optimizer, c.lr * max(1.0 - state["env_steps"] / total, 0.0))
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 if episodic:
                     seeds = common.training_seeds(int(cfg.seed), it, c.groups)
                     recorder = EpisodeRecorder()
@@ -91,19 +107,20 @@ def run(cfg: Any) -> dict[str, Any]:
                     if keep is not None:
                         rollout.mask = rollout.mask * keep.repeat_interleave(c.group_size).to(rollout.mask).unsqueeze(0)
                 else:
-                    if first or it % interval == 0:  # re-seed at checkpoint boundaries: resume is exact
+                    if not overlap and (first or it % interval == 0):  # re-seed at checkpoint boundaries: resume is exact
                         runner.reset(common.training_seeds(int(cfg.seed), it // interval, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
                 warmup = it < getattr(c, "critic_warmup_iters", 0)
                 metrics = update(policy, optimizer, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
+                cpu = time.process_time() - cpu0  # this process only: shows contention next to wall time
                 first = False
                 state["iteration"] = it + 1
                 state["env_steps"] += rollout.env_steps
                 recent = (recent + rollout.episodes)[-100:]
                 metrics.update(_rollout_metrics(rollout, recent, sim.spec.has_success))
-                metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update,
+                metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/cpu_s": cpu,
                                 "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
                                 "env_steps": float(state["env_steps"]), "lr": optimizer.param_groups[0]["lr"]})
                 if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0:
