@@ -27,10 +27,10 @@ demo: install
 	$(VENV)/bin/rlinf pipeline
 
 test: install
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 test-fast: install
-	$(PY) -m pytest -n 2 -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) rlinf_runs

@@ -142,6 +142,31 @@ def plugins_new(
     typer.echo(f"created {path}; install it with: pip install -e {path}")
 
 
+@app.command("check-sim", context_settings=OVERRIDES)
+def check_sim(ctx: typer.Context) -> None:
+    """Check a simulator plugin against rlinf's simulator contract (for plugin authors).
+
+    Example: rlinf check-sim sim=mysim sim.some_key=3
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlinf_cli.checks import check_simulator
+    from rlinf_cli.stages.common import make_simulator
+
+    cfg = _compose("eval", ["checkpoint=random", *ctx.args])
+    rows = check_simulator(make_simulator(cfg.sim))
+    table = Table(title=f"rlinf check-sim: {cfg.sim.name}")
+    for col in ("check", "result", "detail"):
+        table.add_column(col)
+    for name, ok, detail in rows:
+        table.add_row(name, "[green]pass" if ok else "[red]FAIL", detail)
+    Console().print(table)
+    failed = [r for r in rows if not r[1]]
+    if failed:
+        raise UserError(f"{len(failed)} contract check(s) failed for simulator '{cfg.sim.name}': {failed[0][0]}: {failed[0][2]}")
+
+
 @app.command()
 def doctor() -> None:
     """What is installed and usable here: plugins, accelerators, tracking store."""

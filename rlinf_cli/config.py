@@ -284,6 +284,9 @@ def inherited_overrides(stage: str, overrides: Iterable[str]) -> list[str]:
         raise UserError(f"'{Path(source) / 'rlinf.yaml'}' is not valid YAML ({exc}); the checkpoint is damaged") from exc
     if not isinstance(saved, dict):
         return []
+    if source_key == "resume" and saved.get("stage") != "rl":
+        raise UserError(f"'{source}' cannot be resumed: it was written by `rlinf {saved.get('stage', '?')}`; "
+                        f"start an rl run from it with init={source}")
     choices = saved.get("choices") or {}
     groups = stage_groups(stage)
     inherit_groups = ["sim"] if stage in ("eval", "collect") else ["sim", "model"]

@@ -33,19 +33,23 @@ def git_revision(cwd: Path | None = None) -> str | None:
 class Tracker:
     """One stage run. Use as a context manager; the run ends FINISHED, FAILED or KILLED."""
 
-    def __init__(self, cfg: Any, run_dir: Path, stage: str, tags: Mapping[str, str] | None = None):
+    def __init__(self, cfg: Any, run_dir: Path, stage: str, tags: Mapping[str, str] | None = None,
+                 resume_run_id: str | None = None, resume_step: int | None = None):
         self.run_dir = run_dir
+        if resume_step is not None:
+            _truncate_metrics(run_dir / "metrics.jsonl", resume_step)
         self.metrics_file = (run_dir / "metrics.jsonl").open("a")
         self.history: list[dict[str, float]] = []
         self.client = None
         self.run_id: str | None = None
+        self.resumed = False
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         if cfg.tracking.enabled:
-            self._start_mlflow(cfg, run_dir, stage, dict(tags or {}))
+            self._start_mlflow(cfg, run_dir, stage, dict(tags or {}), resume_run_id)
 
     # -- mlflow ----------------------------------------------------------------------------
-    def _start_mlflow(self, cfg: Any, run_dir: Path, stage: str, tags: dict[str, str]) -> None:
+    def _start_mlflow(self, cfg: Any, run_dir: Path, stage: str, tags: dict[str, str], resume_run_id: str | None) -> None:
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow.exceptions import MlflowException
@@ -56,6 +60,13 @@ class Tracker:
         uri = cfg.tracking.uri or default_uri(runs_dir)
         try:
             client = MlflowClient(tracking_uri=uri)
+            if resume_run_id is not None:  # a resumed run continues its MLflow run when the store has it
+                try:
+                    client.update_run(resume_run_id, status="RUNNING")
+                    self.client, self.run_id, self.resumed = client, resume_run_id, True
+                    return
+                except MlflowException:
+                    pass
             exp = client.get_experiment_by_name(cfg.tracking.experiment)
             if exp is None:
                 artifact_root = (runs_dir / "mlartifacts").resolve().as_uri() if cfg.tracking.uri is None else None
@@ -81,7 +92,14 @@ class Tracker:
             return
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        values = {k: str(v)[:6000] for k, v in params.items()}
+        if self.resumed:  # MLflow params are immutable: a resumed run records what changed as tags
+            logged = self.client.get_run(self.run_id).data.params
+            for k, v in values.items():
+                if k in logged and logged[k] != v:
+                    self.client.set_tag(self.run_id, f"resume.{k}", v)
+            values = {k: v for k, v in values.items() if k not in logged}
+        items = [Param(k, v) for k, v in values.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
@@ -138,6 +156,14 @@ class Tracker:
         except Exception:
             if exc_type is None:
                 raise
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint a run resumes from (they will be logged again)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(line + "\n" for line in keep))
 
 
 def plot_curve(history: list[dict[str, float]], x: str, ys: list[str], path: Path, title: str) -> Path | None:

@@ -223,11 +223,11 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
     n = table.num_rows
     obs = {}
     for key, s in spec.observation.items():
-        obs[key] = _column(table, f"obs.{key}").reshape(n, *s.shape).astype(s.dtype, copy=False)
+        obs[key] = _column(table, f"obs.{key}").reshape(n, *s.shape).astype(s.dtype)  # a writable copy
     if spec.discrete:
         actions = table.column("action").to_numpy().astype(np.int64)
     else:
-        actions = _column(table, "action").reshape(n, *spec.action.shape).astype(np.float32, copy=False)
+        actions = _column(table, "action").reshape(n, *spec.action.shape).astype(np.float32)
     episode = table.column("episode").to_numpy()
     success = table.column("success").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])  # episodes are contiguous

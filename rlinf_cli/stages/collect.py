@@ -90,6 +90,7 @@ def run(cfg: Any) -> dict[str, Any]:
     env = executor.make_vec_env(sim, n, autoreset=False)
     from rlinf_cli.runtime.rollout import run_episodes
 
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "collect", common.plugin_tags(cfg)) as tracker, \
             Progress(ctx.log, f"collect {cfg.policy}", want, "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))

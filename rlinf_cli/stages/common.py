@@ -25,23 +25,30 @@ class RunContext:
     accelerator: Any
     console: Any  # rich Console for results (stdout)
     log: Any  # rich Console for progress and notes (stderr)
+    cfg_yaml: str = ""
     started: float = field(default_factory=time.time)
 
     def note(self, msg: str) -> None:
         self.log.print(msg, highlight=False)
 
+    def open(self) -> Path:
+        """Create the run directory and save the resolved config. Stages call this once their
+        inputs are validated, so a run rejected for bad input leaves nothing behind."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "rlinf.yaml").write_text(self.cfg_yaml)
+        return self.run_dir
+
 
 def make_run_dir(cfg: Any, stage: str, label: str) -> Path:
+    """The run directory's path (not created): ``run_dir`` or ``<runs_dir>/<stage>/<time>-<label>``."""
     if cfg.run_dir:
-        run_dir = Path(cfg.run_dir)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = Path(cfg.runs_dir) / stage / f"{stamp}-{label}"
-        run_dir, i = base, 1
-        while run_dir.exists():
-            run_dir = base.with_name(f"{base.name}-{i}")
-            i += 1
-    run_dir.mkdir(parents=True, exist_ok=True)
+        return Path(cfg.run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.runs_dir) / stage / f"{stamp}-{label}"
+    run_dir, i = base, 1
+    while run_dir.exists():
+        run_dir = base.with_name(f"{base.name}-{i}")
+        i += 1
     return run_dir
 
 
@@ -54,7 +61,7 @@ def seed_everything(seed: int) -> None:
 
 
 def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunContext:
-    """Create the run directory, save the resolved config, seed, set threads, pick the device."""
+    """Seed, set threads, pick the device and the run directory (created by ``ctx.open()``)."""
     import torch
     from rich.console import Console
 
@@ -63,11 +70,9 @@ def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunC
     torch.set_num_threads(int(cfg.train.threads))
     seed_everything(int(cfg.seed))
     accel = select_accelerator(cfg.accelerator.name)
-    run_dir = run_dir or make_run_dir(cfg, stage, label)
-    (run_dir / "rlinf.yaml").write_text(to_yaml(cfg))
     console = Console(quiet=False)
     log = Console(stderr=True, quiet=bool(cfg.quiet))
-    return RunContext(stage, run_dir, accel.device(), accel, console, log)
+    return RunContext(stage, run_dir or make_run_dir(cfg, stage, label), accel.device(), accel, console, log, to_yaml(cfg))
 
 
 def select_accelerator(name: str) -> Any:

@@ -22,6 +22,7 @@ def run(cfg: Any) -> dict[str, Any]:
     executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
     from rlinf_cli.progress import Progress
 
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
             Progress(ctx.log, "eval", int(cfg.episodes), "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))

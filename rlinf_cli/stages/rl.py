@@ -39,7 +39,9 @@ def run(cfg: Any) -> dict[str, Any]:
     if algo.rollout == "supervised":
         raise UserError(f"algorithm '{cfg.algo.name}' learns from a dataset: use `rlinf sft`, not `rlinf rl`")
     resume_dir = Path(cfg.resume) if cfg.resume else None
-    run_dir = resume_dir.parent.parent if resume_dir is not None and (resume_dir.parent.parent / "rlinf.yaml").exists() else None
+    run_dir = None
+    if resume_dir is not None and not cfg.run_dir and (resume_dir.parent.parent / "rlinf.yaml").exists():
+        run_dir = resume_dir.parent.parent  # a resumed run continues in its own directory
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir)
     sim = common.make_simulator(cfg.sim)
     policy = _build_policy(cfg, sim.spec, ctx.device)
@@ -86,7 +88,9 @@ def run(cfg: Any) -> dict[str, Any]:
         ctx.note(f"runtime: {executor.describe()}")
     tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
-    with Tracker(cfg, ctx.run_dir, "rl", tags) as tracker, \
+    ctx.open()
+    resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["env_steps"]} if resume_dir else {}
+    with Tracker(cfg, ctx.run_dir, "rl", tags, **resumed) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
         tracker.log_params(flatten(cfg))
         recent: list[Any] = []
@@ -127,7 +131,7 @@ def run(cfg: Any) -> dict[str, Any]:
                     ev = _evaluate(policy, sim, executor, cfg, ctx)
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
-                progress.update(rollout.env_steps, _info(metrics))
+                progress.update(rollout.env_steps, _info(metrics, state["iteration"]))
                 if state["iteration"] % interval == 0:
                     state["mlflow_run_id"] = tracker.run_id
                     ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
@@ -169,8 +173,8 @@ def _progress(ctx: Any, cfg: Any, total: int, done: int) -> Any:
     return p
 
 
-def _info(m: dict[str, float]) -> str:
-    parts = []
+def _info(m: dict[str, float], iteration: int) -> str:
+    parts = [f"iter {iteration}"]
     if "rollout/return_mean" in m:
         parts.append(f"return {m['rollout/return_mean']:.1f}")
     if "rollout/success_once" in m:

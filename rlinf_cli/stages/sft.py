@@ -72,6 +72,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
     from rlinf_cli.progress import Progress
 
+    ctx.open()
     with Tracker(cfg, ctx.run_dir, "sft", common.plugin_tags(cfg)) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", c.epochs, "epochs", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))

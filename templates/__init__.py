@@ -1,0 +1,1 @@
+"""Config templates and plugin scaffolds (shipped as package data of rlinf_cli.templates)."""

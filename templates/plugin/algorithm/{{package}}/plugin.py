@@ -1,0 +1,8 @@
+"""Registers the algorithm. Keep this module light: torch is imported by the factory module only."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_algorithms(register):
+    register("{{name}}", "{{package}}.algo:Algo", summary="{{name}}: REINFORCE with a batch-mean baseline")

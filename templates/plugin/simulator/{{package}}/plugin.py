@@ -1,0 +1,8 @@
+"""Registers the simulator. Keep this module light: no simulator or torch imports here."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("{{name}}", "{{package}}.sim:Simulator", summary="{{name}}: move a point to a target on a line")
