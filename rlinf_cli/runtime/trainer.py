@@ -110,7 +110,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def update(
     policy: Policy,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Any,
     algo: Algorithm,
     rollout: Rollout,
     generator: torch.Generator,
@@ -118,8 +118,15 @@ def update(
 ) -> dict[str, float]:
     """One training phase on a rollout; returns mean diagnostics.
 
+    ``optimizer`` is a torch optimizer (the lean single-process path) or a training engine
+    (``rlinf_cli.runtime.distributed``: ``backward(loss)`` and ``step() -> grad norm``, which
+    clips, steps, zeroes and, across processes, averages gradients). Under torchrun every rank
+    calls this on its own rollout; the epoch diagnostics that decide early stopping are
+    averaged over ranks so that all ranks run the same number of steps.
     ``train_actor=False`` trains the critic only (warming up a critic under a cloned actor).
     """
+    engine = optimizer if hasattr(optimizer, "backward") and hasattr(optimizer, "step") \
+        and not isinstance(optimizer, torch.optim.Optimizer) else None
     cfg = algo.config
     adv, ret = algo.advantages(rollout)  # [T, N]
     valid = rollout.mask.reshape(-1) > 0
@@ -157,21 +164,32 @@ def update(
             loss, stats = algo.loss(out, mb)
             if not train_actor:
                 loss = stats["value_loss_raw"]
-            for p in params:  # optimizer.zero_grad(set_to_none=True) without its profiler scope
-                p.grad = None
-            loss.backward()
-            if cfg.max_grad_norm is not None:
-                stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm)
-            optimizer.step()
+            if engine is not None:
+                engine.backward(loss)
+                norm = engine.step()
+                if norm is not None:
+                    stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
+            else:
+                for p in params:  # optimizer.zero_grad(set_to_none=True) without its profiler scope
+                    p.grad = None
+                loss.backward()
+                if cfg.max_grad_norm is not None:
+                    stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm)
+                optimizer.step()
             if names is None:
                 names = list(stats)
-            row = torch.stack([stats[k].detach().reshape(()).float() for k in names])
+            row = torch.stack([stats[k].detach().reshape(()).float().cpu() if k in stats else torch.tensor(float("nan"))
+                               for k in names])
             epoch_sum = row if epoch_sum is None else epoch_sum.add_(row)
             epoch_count += 1
         epochs_run += 1
         total = epoch_sum.clone() if total is None else total.add_(epoch_sum)
         count += epoch_count
-        epoch_means = dict(zip(names, (epoch_sum / epoch_count).tolist()))
+        epoch_mean = epoch_sum / epoch_count
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(epoch_mean)  # the same early-stop decision on every rank
+            epoch_mean /= torch.distributed.get_world_size()
+        epoch_means = dict(zip(names, epoch_mean.tolist()))
         if algo.stop_early(epoch_means):
             break
     policy.eval()

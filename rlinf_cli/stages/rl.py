@@ -32,7 +32,8 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
-    from rlinf_cli.runtime.trainer import make_optimizer, set_lr, update
+    from rlinf_cli.runtime.trainer import update
+    from rlinf_cli.stages import rl_backend
     from rlinf_cli.tracking import Tracker, plot_curve
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
@@ -42,7 +43,8 @@ def run(cfg: Any) -> dict[str, Any]:
     run_dir = None
     if resume_dir is not None and not cfg.run_dir and (resume_dir.parent.parent / "rlinf.yaml").exists():
         run_dir = resume_dir.parent.parent  # a resumed run continues in its own directory
-    ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir)
+    rank, world = rl_backend.setup_ranks(cfg)  # (0, 1) unless torchrun or train.backend=deepspeed
+    ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir if rank == 0 else None)
     sim = common.make_simulator(cfg.sim)
     policy = _build_policy(cfg, sim.spec, ctx.device)
     if algo.uses_critic and not policy.has_critic:
@@ -52,10 +54,13 @@ def run(cfg: Any) -> dict[str, Any]:
     num_envs = c.groups * c.group_size if episodic else int(cfg.num_envs)
     executor = common.make_executor(cfg.executor, common.runtime_options(
         cfg, policy_actor(policy, sim.spec, ctx.device, False), sim.spec, num_envs))
-    optimizer = make_optimizer(policy, c)
-    generator = torch.Generator().manual_seed(int(cfg.seed))
+    trainer = rl_backend.Trainer(policy, c, cfg, ctx.accelerator, world)
+    optimizer = trainer.checkpoint_optimizer()
+    generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
     state: dict[str, Any] = {"iteration": 0, "env_steps": 0, "best_return": None}
     if resume_dir is not None:
+        if optimizer is None:
+            raise UserError(f"resume is not supported with train.backend={trainer.backend} yet; start a new run with init=...")
         state = ckpt.load_training_state(resume_dir, optimizer, generator)
         ctx.note(f"resuming from {resume_dir} at iteration {state['iteration']} ({state['env_steps']:,} env steps)")
     cfg_yaml = to_yaml(cfg)
@@ -71,7 +76,7 @@ def run(cfg: Any) -> dict[str, Any]:
         runtime = common.runtime_options(cfg)
         env = runner = OverlappedRunner(
             sim, policy, num_envs, int(cfg.seed) + 1,
-            lambda i: common.training_seeds(int(cfg.seed), i // interval, num_envs)
+            lambda i: common.training_seeds(int(cfg.seed), (i // interval) * world + rank, num_envs)
             if i == start_it or i % interval == 0 else None,
             start_iteration=start_it, start_method=str(runtime.get("start_method", "forkserver")),
             executor=None if runtime.get("mode", "collocated") == "collocated"
@@ -99,10 +104,10 @@ def run(cfg: Any) -> dict[str, Any]:
             while state["env_steps"] < total:
                 it = state["iteration"]
                 if c.anneal_lr:
-                    set_lr(optimizer, c.lr * max(1.0 - state["env_steps"] / total, 0.0))
+                    trainer.set_lr(c.lr * max(1.0 - state["env_steps"] / total, 0.0))
                 t0, cpu0 = time.perf_counter(), time.process_time()
                 if episodic:
-                    seeds = common.training_seeds(int(cfg.seed), it, c.groups)
+                    seeds = common.training_seeds(int(cfg.seed), it * world + rank, c.groups)
                     recorder = EpisodeRecorder()
                     episodes = run_episodes(env, policy_actor(policy, sim.spec, ctx.device, False),
                                             [s for s in seeds for _ in range(c.group_size)], recorder)
@@ -112,27 +117,27 @@ def run(cfg: Any) -> dict[str, Any]:
                         rollout.mask = rollout.mask * keep.repeat_interleave(c.group_size).to(rollout.mask).unsqueeze(0)
                 else:
                     if not overlap and (first or it % interval == 0):  # re-seed at checkpoint boundaries: resume is exact
-                        runner.reset(common.training_seeds(int(cfg.seed), it // interval, num_envs))
+                        runner.reset(common.training_seeds(int(cfg.seed), (it // interval) * world + rank, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
                 warmup = it < getattr(c, "critic_warmup_iters", 0)
-                metrics = update(policy, optimizer, algo, rollout, generator, train_actor=not warmup)
+                metrics = update(policy, trainer.handle, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
                 cpu = time.process_time() - cpu0  # this process only: shows contention next to wall time
                 first = False
                 state["iteration"] = it + 1
-                state["env_steps"] += rollout.env_steps
+                state["env_steps"] += rollout.env_steps * world  # every rank collected its own
                 recent = (recent + rollout.episodes)[-100:]
                 metrics.update(_rollout_metrics(rollout, recent, sim.spec.has_success))
                 metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/cpu_s": cpu,
                                 "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
-                                "env_steps": float(state["env_steps"]), "lr": optimizer.param_groups[0]["lr"]})
-                if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0:
+                                "env_steps": float(state["env_steps"]), "lr": trainer.lr})
+                if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0 and rank == 0:
                     ev = _evaluate(policy, sim, executor, cfg, ctx)
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
-                progress.update(rollout.env_steps, _info(metrics, state["iteration"]))
-                if state["iteration"] % interval == 0:
+                progress.update(rollout.env_steps * world, _info(metrics, state["iteration"]))
+                if state["iteration"] % interval == 0 and rank == 0 and optimizer is not None:
                     state["mlflow_run_id"] = tracker.run_id
                     ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
                     ckpt.prune(ckpt_dir, int(cfg.checkpoint.keep))
@@ -144,16 +149,20 @@ def run(cfg: Any) -> dict[str, Any]:
         finally:
             env.close()
         progress.close()
-        final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator)
-        summary = _evaluate(policy, sim, executor, cfg, ctx)
+        with trainer.full_parameters():
+            final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator) \
+                if rank == 0 else ckpt_dir / "final"
+            summary = _evaluate(policy, sim, executor, cfg, ctx) if rank == 0 else {}
+        trainer.close()
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, state["env_steps"])
         result = {"stage": "rl", "run_dir": str(ctx.run_dir), "checkpoint": str(final_dir),
                   "env_steps": state["env_steps"], "iterations": state["iteration"],
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
         table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary}, f"rlinf rl: {_sim_label(cfg)}")
         _write_artifacts(ctx, tracker, cfg, result, table, plot_curve)
-        ctx.console.print(table)
-        ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
+        if rank == 0:
+            ctx.console.print(table)
+            ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
     return result
 
 

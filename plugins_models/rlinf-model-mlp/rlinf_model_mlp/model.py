@@ -115,6 +115,8 @@ class MLPPolicy(Policy):
 
     def _run(self, layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
         """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead."""
+        if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
+            return (self.actor if layers is self._actor_layers else self.critic)(x)
         last = len(layers) - 1
         for i, lin in enumerate(layers):
             x = F.linear(x, lin.weight, lin.bias)
