@@ -29,9 +29,11 @@ def _final(run_dir: str) -> tuple[float, dict]:
 
 @pytest.mark.slow
 def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
+    """The local executor's bar (tests/test_learning_cartpole.py: >= 475 after 100k steps), and the
+    very same run: synchronous actors step the same envs with the same seeds and actions."""
     import torch
 
-    common = ["total_steps=16384", "num_envs=8", "eval.episodes=10", "progress=false", "tracking.enabled=false"]
+    common = ["total_steps=100000", "eval.episodes=10", "progress=false", "tracking.enabled=false"]
     r = cli("rl", *common, "run_dir=local")
     assert r.code == 0, r.err
     r = cli("rl", *common, "executor=ray", "run_dir=ray")
@@ -39,7 +41,7 @@ def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
     assert "runtime: ray (local Ray instance), disaggregated: 8 envs in" in r.err
     first = json.loads((Path("ray") / "metrics.jsonl").read_text().splitlines()[0])["rollout/return_mean"]
     (local_ret, local_w), (ray_ret, ray_w) = _final("local"), _final("ray")
-    assert ray_ret >= 150 and ray_ret > 4 * first, (first, ray_ret)  # it learned
+    assert ray_ret >= 475 and ray_ret > 4 * first, (first, ray_ret)  # it learned, to the local bar
     assert ray_ret == local_ret  # synchronous actors: the very same run as in-process envs
     for k in local_w:
         assert torch.equal(local_w[k], ray_w[k]), k

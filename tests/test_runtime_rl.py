@@ -112,3 +112,17 @@ def test_hybrid_learns_a_continuous_task_like_collocated(cli) -> None:
         finals[mode] = json.loads((Path(f"run-{mode}") / "result.json").read_text())["eval"]["return_mean"]
         assert finals[mode] > 5 * first, (mode, first, finals[mode])  # it learned
     assert min(finals.values()) > 300, finals
+
+
+@pytest.mark.slow
+def test_overlapped_rollouts_learn_cartpole(cli) -> None:
+    """The next rollout is collected during the update (one policy version behind): PPO still learns."""
+    r = cli("rl", "total_steps=30000", "eval.episodes=10", "progress=false", "tracking.enabled=false",
+            "runtime.overlap_update=true", "checkpoint.interval=5", "run_dir=ov")
+    assert r.code == 0, r.err
+    assert "one policy version behind" in r.err
+    m = _metrics("ov")
+    first = m[0]["rollout/return_mean"]
+    final = json.loads((Path("ov") / "result.json").read_text())["eval"]["return_mean"]
+    assert final > 4 * first and final >= 100, (first, final)
+    assert (Path("ov") / "checkpoints" / "iter_000005" / "model.safetensors").exists()
