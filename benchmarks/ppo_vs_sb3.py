@@ -2,7 +2,8 @@
 
 Same gymnasium env, number of envs, rollout length, epochs, minibatch size, network (64x64
 tanh actor and critic, orthogonal init, state-independent log std), Adam (lr 3e-4, eps 1e-5),
-GAE, clip 0.2, unclipped value loss, gradient clip 0.5, constant learning rate, 1 torch thread.
+GAE, clip 0.2, unclipped value loss weighted 0.5 x MSE, gradient clip 0.5, constant learning
+rate, advantages normalised per minibatch, 1 torch thread.
 Each run is a fresh process; runs alternate (sb3, rlinf, sb3, ...) so load drifts hit both.
 
 Training env-steps/s counts the training loop only (rollouts + updates: SB3's ``learn()``,
@@ -75,9 +76,12 @@ def run_rlinf(args: argparse.Namespace, seed: int, mode: str) -> dict:
         cmd = [rlinf, "rl", f"sim.env_id={args.env}", f"total_steps={args.steps}", f"num_envs={args.envs}",
                f"algo.rollout_steps={args.n_steps}", f"algo.minibatch_size={args.batch}", f"algo.epochs={args.epochs}",
                "algo.lr=3e-4", "algo.anneal_lr=false", "algo.dual_clip=null", "algo.clip_value=null",
-               "algo.entropy_coef=0.0", "algo.max_grad_norm=0.5", "model.hidden_sizes=[64,64]", "model.activation=tanh",
+               # rlinf's value loss is 0.5 * MSE (times value_coef); SB3's is vf_coef * MSE with vf_coef 0.5
+               "algo.entropy_coef=0.0", "algo.max_grad_norm=0.5", "algo.value_coef=1.0", "model.hidden_sizes=[64,64]", "model.activation=tanh",
                f"seed={seed}", "eval.episodes=10", f"eval.seed={EVAL_SEED}", "tracking.enabled=false", "progress=false",
-               "quiet=true", "checkpoint.interval=100000", f"runtime.mode={mode}", f"run_dir={tmp}/run"]
+               "quiet=true", "checkpoint.interval=100000", f"run_dir={tmp}/run"]
+        # "overlap": collocated envs, the next rollout collected during the update (one version behind)
+        cmd += ["runtime.mode=collocated", "runtime.overlap_update=true"] if mode == "overlap" else [f"runtime.mode={mode}"]
         t0 = time.perf_counter()
         subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tmp)
         wall = time.perf_counter() - t0
@@ -100,7 +104,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="collocated", help="rlinf runtime.mode values to include, comma separated")
+    p.add_argument("--modes", default="collocated,overlap",
+                   help="rlinf runtime.mode values to include, comma separated; 'overlap' = runtime.overlap_update=true")
     p.add_argument("--sb3-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.sb3_worker:

@@ -125,4 +125,4 @@ def test_overlapped_rollouts_learn_cartpole(cli) -> None:
     first = m[0]["rollout/return_mean"]
     final = json.loads((Path("ov") / "result.json").read_text())["eval"]["return_mean"]
     assert final > 4 * first and final >= 100, (first, final)
-    assert (Path("ov") / "checkpoints" / "iter_000005" / "model.safetensors").exists()
+    assert list((Path("ov") / "checkpoints").glob("iter_*/model.safetensors"))  # periodic checkpoints still written
