@@ -321,10 +321,7 @@ class WorkerVecEnv:
         for sid in list(self._pending):
             ticket = self._pending.pop(sid)
             if ticket is not None:
-                try:
-                    self._wait(sid, ticket, "step")
-                except EnvWorkerError:
-                    raise
+                self._wait(sid, ticket, "step")
         self._fabricated.clear()
 
     def _wait(self, sid: int, ticket: Any, what: str) -> Reply:
