@@ -173,3 +173,14 @@ def test_auto_resolves_once_and_says_why() -> None:
         assert "collocated" in ex.describe()
     finally:
         env.close()
+
+
+def test_workers_see_the_drivers_environment_of_now(monkeypatch) -> None:
+    """forkserver children inherit the server's frozen environment; workers must get the driver's."""
+    _executor("disaggregated").make_vec_env(CounterSim(), 2, True).close()  # the fork server is up
+    monkeypatch.setenv("RLINF_TEST_PROBE", "17")  # e.g. MUJOCO_GL set by a simulator after that
+    env = _executor("disaggregated").make_vec_env(CounterSim(probe_env="RLINF_TEST_PROBE"), 2, True)
+    try:
+        assert env.reset([0, 1])["state"][:, 3].tolist() == [17.0, 17.0]
+    finally:
+        env.close()

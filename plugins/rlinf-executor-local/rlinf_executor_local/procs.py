@@ -69,8 +69,11 @@ def _recv(conn: Any) -> Any:
 
 
 def worker_main(conn: Any, sim_bytes: bytes, shards: list[tuple[int, int]], autoreset: bool, codec: CodecConfig,
-                shm_name: str | None, num_envs: int) -> None:
+                shm_name: str | None, num_envs: int, environ: dict[str, str]) -> None:
     """Entry point of a worker process: build the envs, then serve requests until ``close``."""
+    # A forkserver child inherits the server's environment, frozen when the server started;
+    # the driver's environment of now (MUJOCO_GL set by a simulator, ...) is what counts.
+    os.environ.update(environ)
     for var in _THREAD_VARS:
         os.environ[var] = "1"
     if "torch" in sys.modules:  # a simulator that uses torch must not fight the driver for cores
@@ -135,7 +138,7 @@ class ProcessWorker:
                  codec: CodecConfig, shm_name: str | None, num_envs: int, timeout_s: float):
         self.index = index
         self._ctx = ctx
-        self._args = (sim_bytes, [tuple(s) for s in shards], autoreset, codec, shm_name, num_envs)
+        self._args = (sim_bytes, [tuple(s) for s in shards], autoreset, codec, shm_name, num_envs, dict(os.environ))
         self.timeout_s = timeout_s
         self.generation = 0
         self.proc: Any = None
