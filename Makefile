@@ -6,12 +6,12 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
-PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local \
+PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local plugins/rlinf-executor-ray \
            plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp \
            plugins_sims/rlinf-sim-reasoning plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
-.PHONY: install demo test test-fast clean smollm2
+.PHONY: install demo test test-fast clean smollm2 bench gl
 
 install: $(STAMP)
 
@@ -22,7 +22,22 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) Makefile
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev,deepspeed,bench]' $(addprefix -e ,$(PLUGINS))
+	-@$(MAKE) --no-print-directory gl
 	touch $@
+
+# Offscreen rendering for pixel observations: MuJoCo through EGL (Mesa's llvmpipe renders on the
+# CPU). Installs the EGL/Mesa libraries with apt where they are missing and we may; never fatal.
+gl:
+	@ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libGL.so.1' \
+	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	       && apt-get install -y -q libegl1 libgl1 libgl1-mesa-dri >/dev/null 2>&1; } \
+	  || echo "note: no EGL/GL libraries; pixel observations need libegl1 libgl1-mesa-dri (or libosmesa6 + MUJOCO_GL=osmesa)"
+
+# Side-by-side benchmarks (docs/benchmarks.md): run them on a quiet machine.
+bench: install
+	$(PY) benchmarks/rollout_throughput.py
+	$(PY) benchmarks/ppo_vs_sb3.py
+	$(PY) benchmarks/compression.py
 
 demo: install
 	$(VENV)/bin/rlinf pipeline

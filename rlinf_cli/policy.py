@@ -70,7 +70,13 @@ class Policy(nn.Module):
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_model(self, str(path / MODEL_FILE))
+        state = self.state_dict()
+        if _partial_views(state):  # e.g. DeepSpeed ZeRO keeps parameters as views of one flat buffer
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(path / MODEL_FILE))
+        else:
+            save_model(self, str(path / MODEL_FILE))
         meta = {"model": self.config, "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
         (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
 
@@ -80,6 +86,19 @@ class Policy(nn.Module):
         policy = cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]))
         load_weights(policy, Path(path), map_location)
         return policy
+
+
+def _partial_views(state: Mapping[str, torch.Tensor]) -> bool:
+    """Some tensors are views into a storage they share without being the same tensor (which
+    safetensors' ``save_model`` refuses; tied weights, being identical, are fine there)."""
+    seen: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for t in state.values():
+        key = t.untyped_storage().data_ptr()
+        ident = (t.data_ptr(), tuple(t.shape))
+        if key in seen and seen[key] != ident:
+            return True
+        seen.setdefault(key, ident)
+    return False
 
 
 def read_model_config(path: str | Path) -> dict[str, Any]:

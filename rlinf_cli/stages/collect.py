@@ -91,7 +91,7 @@ def run(cfg: Any) -> dict[str, Any]:
     want = int(cfg.episodes)
     kept: list[Episode] = []
     tried = 0
-    executor = common.make_executor(cfg.executor)
+    executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
     n = max(1, min(int(cfg.num_envs), want))
     env = executor.make_vec_env(sim, n, autoreset=False)
     from rlinf_cli.runtime.rollout import run_episodes

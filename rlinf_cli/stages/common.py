@@ -95,9 +95,31 @@ def make_simulator(node: Any) -> Simulator:
     return get_registry().load("simulator", data["name"])(data)
 
 
-def make_executor(node: Any) -> Executor:
+def make_executor(node: Any, runtime: dict[str, Any] | None = None) -> Executor:
+    """Build the executor; ``runtime`` (from :func:`runtime_options`) goes in as its ``runtime`` entry."""
     data = dict(plain(node))
+    if runtime is not None:
+        data["runtime"] = dict(runtime)
     return get_registry().load("executor", data["name"])(data)
+
+
+def runtime_options(cfg: Any, act: Callable | None = None, spec: EnvSpec | None = None,
+                    num_envs: int | None = None) -> dict[str, Any]:
+    """The ``runtime`` and ``env`` transport settings as one dict for the executor.
+
+    With ``runtime.mode=auto`` and a policy ``act`` function, the policy's inference time on a
+    batch of ``num_envs`` is measured here (``infer_s``); the executor probes the simulator.
+    """
+    out: dict[str, Any] = dict(plain(cfg.runtime)) if cfg.get("runtime") is not None else {}
+    env = cfg.get("env")
+    if env is not None:
+        out.update({"obs_compression": env.get("obs_compression", "none"), "obs_delta": bool(env.get("obs_delta", False)),
+                    "compression_level": int(env.get("compression_level", 1))})
+    if out.get("mode") == "auto" and act is not None and spec is not None and num_envs:
+        from rlinf_cli.runtime.placement import time_inference
+
+        out["infer_s"] = time_inference(act, spec, int(num_envs))
+    return out
 
 
 def plugin_tags(cfg: Any) -> dict[str, str]:

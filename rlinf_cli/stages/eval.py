@@ -25,7 +25,7 @@ def run(cfg: Any) -> dict[str, Any]:
     label = Path(source).name if source not in ("random", "expert") else source
     ctx = common.start(cfg, "eval", f"{cfg.sim.name}-{label}")
     act = common.make_actor(source, sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
-    executor = common.make_executor(cfg.executor)
+    executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
     from rlinf_cli.progress import Progress
 
     ctx.open()

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cli.errors import UserError
+from rlinf_cli.settings import plain
 from rlinf_cli.stages import common
 
 
@@ -37,7 +38,8 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
-    from rlinf_cli.runtime.trainer import make_optimizer, set_lr, update
+    from rlinf_cli.runtime.trainer import update
+    from rlinf_cli.stages import rl_backend
     from rlinf_cli.tracking import Tracker, plot_curve
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
@@ -47,19 +49,24 @@ def run(cfg: Any) -> dict[str, Any]:
     run_dir = None
     if resume_dir is not None and not cfg.run_dir and (resume_dir.parent.parent / "rlinf.yaml").exists():
         run_dir = resume_dir.parent.parent  # a resumed run continues in its own directory
-    ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir)
+    rank, world = rl_backend.setup_ranks(cfg)  # (0, 1) unless torchrun or train.backend=deepspeed
+    ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir if rank == 0 else None)
     sim = common.make_simulator(cfg.sim)
     policy = _build_policy(cfg, sim.spec, ctx.device)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
-    executor = common.make_executor(cfg.executor)
     c = algo.config
     episodic = algo.rollout == "episodes"
     num_envs = c.groups * c.group_size if episodic else int(cfg.num_envs)
-    optimizer = make_optimizer(policy, c)
-    generator = torch.Generator().manual_seed(int(cfg.seed))
+    executor = common.make_executor(cfg.executor, common.runtime_options(
+        cfg, policy_actor(policy, sim.spec, ctx.device, False), sim.spec, num_envs))
+    trainer = rl_backend.Trainer(policy, c, cfg, ctx.accelerator, world)
+    optimizer = trainer.checkpoint_optimizer()
+    generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
     state: dict[str, Any] = {"iteration": 0, "env_steps": 0, "best_return": None}
     if resume_dir is not None:
+        if optimizer is None:
+            raise UserError(f"resume is not supported with train.backend={trainer.backend} yet; start a new run with init=...")
         state = ckpt.load_training_state(resume_dir, optimizer, generator)
         ctx.note(f"resuming from {resume_dir} at iteration {state['iteration']} ({state['env_steps']:,} env steps)")
     cfg_yaml = to_yaml(cfg)
@@ -67,9 +74,30 @@ def run(cfg: Any) -> dict[str, Any]:
     interval = max(1, int(cfg.checkpoint.interval))
     total = int(cfg.total_steps)
 
-    env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
-    runner = Runner(env, policy, ctx.device)
+    overlap = bool(cfg.get("runtime", {}).get("overlap_update", False)) and not episodic
+    if overlap:  # the next rollout is collected in another process during the update
+        from rlinf_cli.runtime.overlap import OverlappedRunner
+
+        start_it = state["iteration"]
+        runtime = common.runtime_options(cfg)
+        env = runner = OverlappedRunner(
+            sim, policy, num_envs, int(cfg.seed) + 1,
+            lambda i: common.training_seeds(int(cfg.seed), (i // interval) * world + rank, num_envs)
+            if i == start_it or i % interval == 0 else None,
+            start_iteration=start_it, start_method=str(runtime.get("start_method", "forkserver")),
+            executor=None if runtime.get("mode", "collocated") == "collocated"
+            else {**dict(plain(cfg.executor)), "runtime": runtime})
+        ctx.note("runtime: rollouts overlap the update in a separate process (one policy version behind)")
+    else:
+        env = executor.make_vec_env(sim, num_envs, autoreset=not episodic)
+        runner = Runner(env, policy, ctx.device)
     tags = {**common.plugin_tags(cfg), **({"rlinf.resumed_from": str(resume_dir)} if resume_dir else {})}
+    choice = getattr(executor, "choice", None)
+    if choice is not None:  # runtime.mode=auto: say what the probe chose and why
+        ctx.note(choice.reason)
+    if type(env).__name__ not in ("SyncVecEnv", "OverlappedRunner"):  # envs outside this process: say where
+        ctx.note(f"runtime: {executor.describe()}")
+    tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
     ctx.open()
     resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["env_steps"]} if resume_dir else {}
@@ -82,10 +110,10 @@ def run(cfg: Any) -> dict[str, Any]:
             while state["env_steps"] < total:
                 it = state["iteration"]
                 if c.anneal_lr:
-                    set_lr(optimizer, c.lr * max(1.0 - state["env_steps"] / total, 0.0))
-                t0 = time.perf_counter()
+                    trainer.set_lr(c.lr * max(1.0 - state["env_steps"] / total, 0.0))
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 if episodic:
-                    seeds = common.training_seeds(int(cfg.seed), it, c.groups)
+                    seeds = common.training_seeds(int(cfg.seed), it * world + rank, c.groups)
                     recorder = EpisodeRecorder()
                     episodes = run_episodes(env, policy_actor(policy, sim.spec, ctx.device, False),
                                             [s for s in seeds for _ in range(c.group_size)], recorder)
@@ -94,27 +122,28 @@ def run(cfg: Any) -> dict[str, Any]:
                     if keep is not None:
                         rollout.mask = rollout.mask * keep.repeat_interleave(c.group_size).to(rollout.mask).unsqueeze(0)
                 else:
-                    if first or it % interval == 0:  # re-seed at checkpoint boundaries: resume is exact
-                        runner.reset(common.training_seeds(int(cfg.seed), it // interval, num_envs))
+                    if not overlap and (first or it % interval == 0):  # re-seed at checkpoint boundaries: resume is exact
+                        runner.reset(common.training_seeds(int(cfg.seed), (it // interval) * world + rank, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
                 warmup = it < getattr(c, "critic_warmup_iters", 0)
-                metrics = update(policy, optimizer, algo, rollout, generator, train_actor=not warmup)
+                metrics = update(policy, trainer.handle, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
+                cpu = time.process_time() - cpu0  # this process only: shows contention next to wall time
                 first = False
                 state["iteration"] = it + 1
-                state["env_steps"] += rollout.env_steps
+                state["env_steps"] += rollout.env_steps * world  # every rank collected its own
                 recent = (recent + rollout.episodes)[-100:]
                 metrics.update(_rollout_metrics(rollout, recent, sim.spec.has_success))
-                metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update,
+                metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/cpu_s": cpu,
                                 "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
-                                "env_steps": float(state["env_steps"]), "lr": optimizer.param_groups[0]["lr"]})
-                if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0:
+                                "env_steps": float(state["env_steps"]), "lr": trainer.lr})
+                if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0 and rank == 0:
                     ev = _evaluate(policy, sim, executor, cfg, ctx)
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
-                progress.update(rollout.env_steps, _info(metrics, state["iteration"]))
-                if state["iteration"] % interval == 0:
+                progress.update(rollout.env_steps * world, _info(metrics, state["iteration"]))
+                if state["iteration"] % interval == 0 and rank == 0 and optimizer is not None:
                     state["mlflow_run_id"] = tracker.run_id
                     ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
                     ckpt.prune(ckpt_dir, int(cfg.checkpoint.keep))
@@ -126,16 +155,20 @@ def run(cfg: Any) -> dict[str, Any]:
         finally:
             env.close()
         progress.close()
-        final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator)
-        summary = _evaluate(policy, sim, executor, cfg, ctx)
+        with trainer.full_parameters():
+            final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator) \
+                if rank == 0 else ckpt_dir / "final"
+            summary = _evaluate(policy, sim, executor, cfg, ctx) if rank == 0 else {}
+        trainer.close()
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, state["env_steps"])
         result = {"stage": "rl", "run_dir": str(ctx.run_dir), "checkpoint": str(final_dir),
                   "env_steps": state["env_steps"], "iterations": state["iteration"],
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
         table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary}, f"rlinf rl: {_sim_label(cfg)}")
         _write_artifacts(ctx, tracker, cfg, result, table, plot_curve)
-        ctx.console.print(table)
-        ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
+        if rank == 0:
+            ctx.console.print(table)
+            ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
     return result
 
 

@@ -123,8 +123,8 @@ def run(cfg: Any) -> dict[str, Any]:
 
             best_policy = load_policy(best_dir, ctx.device)
             sim = common.make_simulator(sim_node)
-            executor = common.make_executor(cfg.executor)
             act = policy_actor(best_policy, sim.spec, ctx.device, bool(cfg.eval.deterministic))
+            executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, 8))
             summary = common.summarize(common.evaluate(act, sim, executor, int(cfg.eval.episodes), int(cfg.eval.seed), 8),
                                        sim.spec.has_success)
             tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, best[1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate
@@ -51,18 +52,23 @@ def gae(rollout: Rollout, gamma: float, lam: float) -> tuple[torch.Tensor, torch
     not used; ``trunc_values[t]`` adds back the bootstrap for time-limit truncation.
     Returns (advantages [T, N], returns [T, N]).
     """
-    values, rewards, dones = rollout.values, rollout.rewards, rollout.dones
+    # The recursion runs over T in Python; on [N]-sized rows numpy's ops cost a fraction of
+    # torch's dispatch (same float32 arithmetic, so the same numbers).
+    dev = rollout.values.device
+    values, rewards, dones, trunc = (x.detach().cpu().numpy() for x in
+                                     (rollout.values, rollout.rewards, rollout.dones, rollout.trunc_values))
     T = rewards.shape[0]
-    adv = torch.zeros_like(rewards)
-    last = torch.zeros_like(rollout.last_value)
-    next_value = rollout.last_value
+    adv = np.zeros_like(rewards)
+    last = np.zeros_like(values[0])
+    next_value = rollout.last_value.detach().cpu().numpy()
     for t in range(T - 1, -1, -1):
         nonterminal = 1.0 - dones[t]
-        delta = rewards[t] + gamma * (next_value * nonterminal + rollout.trunc_values[t]) - values[t]
+        delta = rewards[t] + gamma * (next_value * nonterminal + trunc[t]) - values[t]
         last = delta + gamma * lam * nonterminal * last
         adv[t] = last
         next_value = values[t]
-    return adv, adv + values
+    adv_t = torch.from_numpy(adv).to(dev)
+    return adv_t, adv_t + rollout.values
 
 
 class PPO(Algorithm):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlinf_cli import settings
@@ -23,6 +24,7 @@ from rlinf_cli.policy import ActOutput, EvalOutput, Policy
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
+_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu, "elu": F.elu}
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,22 @@ class MLPPolicy(Policy):
         if cfg.critic:
             self.critic = mlp([in_dim, *hidden, 1], act, 1.0, cfg.ortho_init)
         self._keys = cfg.obs_keys
+        # Linear layers in order, for the functional forward below. Module calls cost more than
+        # the maths at these sizes (PPO runs thousands of minibatches); the ops are identical.
+        self._fn = _FUNCTIONS[cfg.activation]
+        self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
+        self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)] if cfg.critic else []
+
+    def _run(self, layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
+        """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead."""
+        if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
+            return (self.actor if layers is self._actor_layers else self.critic)(x)
+        last = len(layers) - 1
+        for i, lin in enumerate(layers):
+            x = F.linear(x, lin.weight, lin.bias)
+            if i < last:
+                x = self._fn(x)
+        return x
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         if len(self._keys) == 1 and not self._images:
@@ -115,17 +133,17 @@ class MLPPolicy(Policy):
         return torch.cat(parts, dim=-1)
 
     def _value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(x).squeeze(-1) if self.has_critic else x.new_zeros(x.shape[0])
+        return self._run(self._critic_layers, x).squeeze(-1) if self.has_critic else x.new_zeros(x.shape[0])
 
     def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._value(self.features(obs))
 
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.actor(self.features(obs))
+        return self._run(self._actor_layers, self.features(obs))
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
         x = self.features(obs)
-        out = self.actor(x)
+        out = self._run(self._actor_layers, x)
         if self.env_spec.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             if deterministic:
@@ -141,7 +159,7 @@ class MLPPolicy(Policy):
 
     def evaluate(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> EvalOutput:
         x = self.features(obs)
-        out = self.actor(x)
+        out = self._run(self._actor_layers, x)
         if self.env_spec.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)

@@ -2,10 +2,13 @@
 
 Observations become a dict (``state`` for a flat Box space, the space's own keys for a Dict
 space) of float32 arrays. ``info["success"]`` is passed through where the env sets it.
+MuJoCo envs can also give camera images (``obs=rgb`` or ``state_rgb``), rendered offscreen
+on the CPU (see :mod:`rlinf_sim_gymnasium.pixels`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -23,6 +26,15 @@ class GymnasiumConfig:
     kwargs: dict = field(default_factory=dict)  # extra keyword arguments for gymnasium.make
     reward_scale: float = 1.0  # rewards are multiplied by this
     has_success: bool = False  # the env reports info["success"] (most gymnasium envs do not)
+    obs: str = "state"  # state | rgb | state_rgb: MuJoCo envs add an offscreen camera image "rgb"
+    image_size: int = 84  # rgb: image height and width in pixels
+    camera: str | int | None = None  # rgb: camera name or id in the MuJoCo model; null = the env's default view
+
+    def __post_init__(self) -> None:
+        if self.obs not in ("state", "rgb", "state_rgb"):
+            raise ValueError(f"obs must be state, rgb or state_rgb, got '{self.obs}'")
+        if not 8 <= self.image_size <= 1024:
+            raise ValueError(f"image_size must be within 8..1024, got {self.image_size}")
 
 
 class _DictObsEnv:
@@ -62,6 +74,10 @@ _EXPERTS: dict[str, Callable[[Obs, int], np.ndarray]] = {"CartPole-v1": _cartpol
 class GymnasiumSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(GymnasiumConfig, cfg, "sim")
+        if self.cfg.obs != "state":
+            # before MuJoCo is first imported: it picks its GL backend at import time.
+            # EGL renders headless (Mesa's llvmpipe on a CPU-only machine); osmesa also works.
+            os.environ.setdefault("MUJOCO_GL", "egl")
         env = self._make()
         try:
             self.spec = self._spec(env)
@@ -93,6 +109,13 @@ class GymnasiumSimulator:
             self._key = "state"
         else:
             raise UserError(f"sim.env_id '{self.cfg.env_id}': observation space {space} is not supported (Box or Dict)")
+        if self.cfg.obs != "state":
+            from rlinf_sim_gymnasium.pixels import check_mujoco, image_spec
+
+            check_mujoco(env, self.cfg.env_id)
+            if self.cfg.obs == "rgb":
+                obs = {}
+            obs["rgb"] = image_spec(self.cfg.image_size)
         act = env.action_space
         limit = env.spec.max_episode_steps if env.spec is not None and env.spec.max_episode_steps else 1000
         if isinstance(act, spaces.Discrete):
@@ -104,8 +127,13 @@ class GymnasiumSimulator:
                            has_success=self.cfg.has_success)
         raise UserError(f"sim.env_id '{self.cfg.env_id}': action space {act} is not supported (Discrete or Box)")
 
-    def make_env(self, index: int) -> _DictObsEnv:
-        return _DictObsEnv(self._make(), self._key, self.cfg.reward_scale)
+    def make_env(self, index: int) -> Any:
+        env = _DictObsEnv(self._make(), self._key, self.cfg.reward_scale)
+        if self.cfg.obs == "state":
+            return env
+        from rlinf_sim_gymnasium.pixels import PixelEnv
+
+        return PixelEnv(env, self.cfg.image_size, self.cfg.camera, keep_state=self.cfg.obs == "state_rgb")
 
     def expert(self) -> Callable[[Obs, int], np.ndarray] | None:
-        return _EXPERTS.get(self.cfg.env_id)
+        return _EXPERTS.get(self.cfg.env_id) if self.cfg.obs != "rgb" else None

@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmark scripts: machine load, medians, a results table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Sequence
+
+
+def machine_line() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    return (f"{time.strftime('%Y-%m-%d %H:%M')}  {platform.python_version()}  {cores} cores  "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(x: object) -> str:
+    if isinstance(x, float):
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
+    return str(x)

@@ -1,0 +1,254 @@
+"""Env worker processes on this machine: a pipe per worker, observations in shared memory.
+
+A worker is started with ``forkserver`` (default) or ``spawn``, so it never inherits the
+driver's torch threads or GL contexts; the simulator travels pickled and is unpickled only
+after the worker has pinned its thread pools to one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import time
+import traceback
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from rlinf_cli.runtime.codec import CodecConfig, Packed
+from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied
+
+# One thread per worker for every pool a simulator may bring: BLAS/OpenMP, and Mesa's llvmpipe
+# rasteriser (LP_NUM_THREADS), whose per-frame thread hand-offs stall when workers already
+# fill the cores.
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
+
+
+# -- wire format -------------------------------------------------------------------------------
+# Pickling a small numpy array costs ~10 us each way (its reduce protocol runs Python code);
+# a step reply holds five of them. Arrays therefore cross the pipe as (bytes, dtype, shape)
+# triples, which pickle as plain bytes: a request/reply round trip drops from ~100 us to ~25 us.
+class _Nd(tuple):
+    """Marker for an array sent as (bytes, dtype, shape)."""
+
+
+def _out(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return _Nd((x.tobytes(), x.dtype.str, x.shape))
+    if type(x) is Packed:
+        return Packed(x.shape, x.dtype, x.delta, _out(x.data))
+    if type(x) is dict:
+        return {k: _out(v) for k, v in x.items()}
+    if type(x) in (tuple, list, Reply):
+        return type(x)(*map(_out, x)) if type(x) is Reply else type(x)(map(_out, x))
+    return x
+
+
+def _in(x: Any) -> Any:
+    if type(x) is _Nd:
+        data, dtype, shape = x
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    if type(x) is Packed:
+        return Packed(x.shape, x.dtype, x.delta, _in(x.data))
+    if type(x) is dict:
+        return {k: _in(v) for k, v in x.items()}
+    if type(x) in (tuple, list, Reply):
+        return type(x)(*map(_in, x)) if type(x) is Reply else type(x)(map(_in, x))
+    return x
+
+
+def _send(conn: Any, obj: Any) -> None:
+    conn.send_bytes(pickle.dumps(_out(obj), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Any) -> Any:
+    return _in(pickle.loads(conn.recv_bytes()))
+
+
+def worker_main(conn: Any, sim_bytes: bytes, shards: list[tuple[int, int]], autoreset: bool, codec: CodecConfig,
+                shm_name: str | None, num_envs: int, environ: dict[str, str]) -> None:
+    """Entry point of a worker process: build the envs, then serve requests until ``close``."""
+    # A forkserver child inherits the server's environment, frozen when the server started;
+    # the driver's environment of now (MUJOCO_GL set by a simulator, ...) is what counts.
+    os.environ.update(environ)
+    for var in _THREAD_VARS:
+        os.environ[var] = "1"
+    if "torch" in sys.modules:  # a simulator that uses torch must not fight the driver for cores
+        sys.modules["torch"].set_num_threads(1)
+    try:
+        from rlinf_cli.runtime.workers import EnvWorker
+
+        simulator = pickle.loads(sim_bytes)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+        worker = EnvWorker(simulator, shards, autoreset, codec, shm_name, num_envs)
+    except BaseException:
+        _send(conn, ("error", traceback.format_exc()))
+        return
+    _send(conn, ("ok", os.getpid()))
+    while True:
+        try:
+            method, args = _recv(conn)
+        except (EOFError, OSError, KeyboardInterrupt):  # the driver went away
+            break
+        if method == "close":
+            try:
+                worker.close()
+            finally:
+                _send(conn, ("ok", None))
+            break
+        try:
+            reply = getattr(worker, method)(*args)
+        except KeyboardInterrupt:
+            break
+        except BaseException:
+            _send(conn, ("error", traceback.format_exc()))
+            continue
+        _send(conn, ("ok", reply))
+
+
+@contextlib.contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Start a child without re-running the driver's ``__main__`` script in it.
+
+    spawn/forkserver children re-execute a script-style ``__main__`` (and its imports: torch,
+    2-4 s per worker on a busy 2-core machine) unless it lacks ``__file__``. Workers need
+    nothing from it: their target and arguments live in importable modules (simulators come
+    from plugin packages), so ``__file__`` is hidden while the child starts.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None or not hasattr(main, "__file__"):
+        yield
+        return
+    saved = main.__file__
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = saved
+
+
+class ProcessWorker:
+    """A :class:`~rlinf_cli.runtime.workers.WorkerHandle` for one local worker process."""
+
+    def __init__(self, index: int, ctx: Any, sim_bytes: bytes, shards: Sequence[tuple[int, int]], autoreset: bool,
+                 codec: CodecConfig, shm_name: str | None, num_envs: int, timeout_s: float):
+        self.index = index
+        self._ctx = ctx
+        self._args = (sim_bytes, [tuple(s) for s in shards], autoreset, codec, shm_name, num_envs, dict(os.environ))
+        self.timeout_s = timeout_s
+        self.generation = 0
+        self.proc: Any = None
+        self.conn: Any = None
+        self.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Launch the process (does not wait for it to be ready: see :meth:`wait_ready`)."""
+        parent, child = self._ctx.Pipe(duplex=True)
+        self.proc = self._ctx.Process(target=worker_main, args=(child, *self._args), daemon=True,
+                                      name=f"rlinf-env-worker-{self.index}")
+        with _main_not_rerun():
+            self.proc.start()
+        child.close()
+        self.conn = parent
+        self.generation += 1
+        self._sent = 0
+        self._received = 0
+        self._buffer: dict[int, tuple[str, Any]] = {}
+
+    def wait_ready(self) -> int:
+        """Block until the worker built its envs; returns its pid."""
+        return self.result((self.generation, -1))
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+        self.wait_ready()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            if self.proc.is_alive():
+                _send(self.conn, ("close", ()))
+                if self.conn.poll(5):
+                    _recv(self.conn)
+            self.proc.join(timeout=5)
+        except (OSError, EOFError):
+            pass
+        finally:
+            self.kill()
+            self.proc = None
+
+    def describe(self) -> str:
+        return f"pid {self.proc.pid if self.proc is not None else '-'}"
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(self, method: str, *args: Any) -> tuple[int, int]:
+        ticket = (self.generation, self._sent)
+        self._sent += 1
+        try:
+            _send(self.conn, (method, args))
+        except (OSError, ValueError):  # broken pipe: the worker is gone; result() reports it
+            pass
+        return ticket
+
+    def result(self, ticket: tuple[int, int]) -> Any:
+        gen, seq = ticket
+        if gen != self.generation:
+            raise WorkerDied("the worker was restarted since this request")
+        # replies arrive in request order; seq -1 is the start-up message, which precedes them
+        slot = seq + 1
+        deadline = time.monotonic() + self.timeout_s
+        while slot not in self._buffer:
+            if not self.conn.poll(min(1.0, max(deadline - time.monotonic(), 0.0))):
+                if not self.proc.is_alive():
+                    self.proc.join(timeout=1)
+                    raise WorkerDied(f"process {self.proc.pid} exited with code {self.proc.exitcode}")
+                if time.monotonic() >= deadline:
+                    self.kill()
+                    raise WorkerDied(f"no reply in {self.timeout_s:.0f} s (runtime.worker_timeout_s); killed it")
+                continue
+            try:
+                msg = _recv(self.conn)
+            except (EOFError, OSError):
+                self.proc.join(timeout=1)
+                raise WorkerDied(f"process {self.proc.pid} exited with code {self.proc.exitcode}") from None
+            self._buffer[self._received] = msg
+            self._received += 1
+        status, payload = self._buffer.pop(slot)
+        if status == "error":
+            raise RemoteError(payload)
+        return payload
+
+
+def start_workers(simulator: Any, shard_lists: list[list[tuple[int, int]]], autoreset: bool, codec: CodecConfig,
+                  shm_name: str | None, num_envs: int, start_method: str, timeout_s: float) -> list[ProcessWorker]:
+    """Start all workers in parallel, then wait for each to be ready."""
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # modules the server imports once, so each forked worker starts without re-importing them
+        ctx.set_forkserver_preload(["rlinf_cli.runtime.workers", __name__, type(simulator).__module__])
+    sim_bytes = pickle.dumps(simulator)
+    workers = [ProcessWorker(i, ctx, sim_bytes, shards, autoreset, codec, shm_name, num_envs, timeout_s)
+               for i, shards in enumerate(shard_lists)]
+    try:
+        for w in workers:
+            w.wait_ready()
+    except BaseException:
+        for w in workers:
+            w.kill()
+        raise
+    return workers

@@ -1,0 +1,192 @@
+"""Env workers as Ray actors: the same :class:`~rlinf_cli.runtime.workers.EnvWorker` the local
+executor runs in processes, hosted by actors that Ray places on the cluster's nodes.
+
+Observations travel through Ray's object store, compressed by ``env.obs_compression`` when set
+(worth it between machines). ``runtime.mode=hybrid`` pipelines env groups as locally; any
+other mode means synchronous actors (``executor=ray`` always places envs in actors).
+Every node needs rlinf and the simulator's plugin installed, as for any Ray job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from rlinf_cli import settings
+from rlinf_cli.api import Simulator, VecEnv
+from rlinf_cli.errors import UserError
+from rlinf_cli.runtime import placement
+from rlinf_cli.runtime.workers import EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, plan_shards
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: str | None = None  # cluster address; None = start a local Ray instance
+    num_cpus_per_worker: float = 1.0  # CPUs each env-worker actor reserves
+    num_gpus_per_worker: float = 0.0  # GPUs each env-worker actor reserves
+    namespace: str = "rlinf"  # Ray namespace
+    log_to_driver: bool = False  # forward actor output to the driver's terminal
+
+
+class RayEnvWorker(EnvWorker):
+    """The env worker an actor hosts; pins thread pools first (actors reuse pooled processes,
+    so this is cheaper than a per-actor ``runtime_env``, which forces a fresh process)."""
+
+    def __init__(self, *args: Any, env_vars: dict[str, str] | None = None) -> None:
+        os.environ.update(env_vars or {})
+        if "torch" in __import__("sys").modules:
+            __import__("torch").set_num_threads(1)
+        super().__init__(*args)
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise UserError("executor=ray needs Ray: pip install rlinf-executor-ray (or pip install ray)") from exc
+    return ray
+
+
+class RayWorker:
+    """A :class:`~rlinf_cli.runtime.workers.WorkerHandle` for one env-worker actor."""
+
+    def __init__(self, index: int, actor_cls: Any, args: tuple, kwargs: dict, timeout_s: float):
+        self.index = index
+        self._cls = actor_cls
+        self._args = args
+        self._kwargs = kwargs
+        self.timeout_s = timeout_s
+        self.generation = 0
+        self.actor: Any = None
+        self._ready: Any = None
+        self.start()
+
+    def start(self) -> None:
+        self.actor = self._cls.remote(*self._args, **self._kwargs)
+        self.generation += 1
+        self._ready = self.actor.ping.remote()
+
+    def wait_ready(self) -> Any:
+        return self.result((self.generation, self._ready))
+
+    def submit(self, method: str, *args: Any) -> tuple[int, Any]:
+        return self.generation, getattr(self.actor, method).remote(*args)
+
+    def result(self, ticket: tuple[int, Any]) -> Any:
+        ray = _ray()
+        gen, ref = ticket
+        if gen != self.generation:
+            raise WorkerDied("the actor was restarted since this request")
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actor)
+            raise WorkerDied(f"no reply in {self.timeout_s:.0f} s (runtime.worker_timeout_s); killed it") from None
+        except ray.exceptions.RayActorError as exc:
+            text = str(exc).strip()
+            if "creation task" in text:  # the simulator raised while the actor built its envs
+                raise RemoteError(text) from None
+            raise WorkerDied(f"actor died: {text.splitlines()[0]}") from None
+        except ray.exceptions.RayTaskError as exc:
+            raise RemoteError(_task_error_text(exc)) from None
+
+    def restart(self) -> None:
+        try:
+            _ray().kill(self.actor)
+        except Exception:  # already gone
+            pass
+        self.start()
+        self.wait_ready()
+
+    def close(self) -> None:
+        ray = _ray()
+        try:
+            ray.get(self.actor.close.remote(), timeout=10)
+        except Exception:  # a dead actor has nothing to close
+            pass
+        try:
+            ray.kill(self.actor)
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return f"actor {self.actor}"
+
+
+def _task_error_text(exc: Any) -> str:
+    """The simulator's own exception line, not Ray's wrapper around it."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    return str(exc)
+
+
+class RayExecutor:
+    def __init__(self, cfg: Mapping[str, Any]):
+        data = dict(cfg)
+        self.runtime = placement.runtime_config(data.pop("runtime", None))
+        self.cfg = settings.build(RayConfig, data, "executor")
+        self.choice: placement.Choice | None = None
+        self._resolved: placement.RuntimeConfig | None = None
+        self._placement = "ray (not started)"
+
+    def _init(self, workers: int) -> Any:
+        ray = _ray()
+        if not ray.is_initialized():
+            import logging
+
+            kwargs: dict[str, Any] = {"namespace": self.cfg.namespace, "log_to_driver": self.cfg.log_to_driver,
+                                      "include_dashboard": False, "ignore_reinit_error": True,
+                                      "logging_level": logging.WARNING}
+            if self.cfg.address:
+                kwargs["address"] = self.cfg.address
+            else:  # a local instance with room for every actor, even on a small machine
+                kwargs["num_cpus"] = max(placement.cpu_cores(), int(workers * self.cfg.num_cpus_per_worker + 0.999))
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user instance
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = self.cfg.address or "a local instance"
+                raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
+        return ray
+
+    def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv:
+        if self._resolved is None:
+            self._resolved, self.choice = placement.resolve(self.runtime, simulator, num_envs)
+            if self.choice is not None and self.choice.mode == "collocated":
+                self.choice = replace(self.choice, reason=self.choice.reason + "; executor=ray runs envs in actors "
+                                      "anyway (synchronously): use executor=local to keep them in this process")
+        rt = self._resolved
+        hybrid = rt.mode == "hybrid"
+        workers = placement.num_workers(rt, num_envs)
+        stages = min(rt.pipeline_stages, num_envs) if hybrid else 1
+        shards = plan_shards(num_envs, workers, stages)
+        ray = self._init(workers)
+        env_vars = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        if "MUJOCO_GL" in os.environ:
+            env_vars["MUJOCO_GL"] = os.environ["MUJOCO_GL"]
+        actor_cls = ray.remote(RayEnvWorker).options(num_cpus=self.cfg.num_cpus_per_worker,
+                                                     num_gpus=self.cfg.num_gpus_per_worker)
+        handles = []
+        try:
+            for w in range(workers):
+                mine = [(s.lo, s.hi) for s in shards if s.worker == w]
+                handles.append(RayWorker(w, actor_cls, (simulator, mine, autoreset, rt.codec, None, num_envs),
+                                         {"env_vars": env_vars}, rt.worker_timeout_s))
+            for h in handles:
+                h.wait_ready()
+        except (RemoteError, WorkerDied) as exc:
+            for h in handles:
+                h.close()
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise EnvWorkerError(f"a Ray env worker failed to create its envs: {last}") from exc
+        where = self.cfg.address or "local Ray instance"
+        label = (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {num_envs} envs in {workers} actor(s)"
+                 + (f", {stages} pipeline stages" if hybrid else "")
+                 + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
+        self._placement = label
+        return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
+
+    def describe(self) -> str:
+        return self._placement

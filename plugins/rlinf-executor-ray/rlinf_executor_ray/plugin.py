@@ -1,0 +1,7 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_executors(register):
+    # the factory is a lazy string: listing plugins never imports Ray
+    register("ray", "rlinf_executor_ray.executor:RayExecutor", summary="Env workers as Ray actors (local Ray or a cluster)")

@@ -1,0 +1,405 @@
+"""Env workers: simulator instances stepped away from the driver, in processes or Ray actors.
+
+The batch of ``num_envs`` envs is cut into *shards*: the intersection of a contiguous split
+over workers with a contiguous split over pipeline groups (``runtime.pipeline_stages``). Each
+worker owns the shards of its slice and steps one shard per request; the driver
+(:class:`WorkerVecEnv`) assembles shards into the batch a policy sees.
+
+Transport is abstract: an executor supplies one :class:`WorkerHandle` per worker (a process
+with a pipe, a Ray actor, ...). What is common lives here: :class:`EnvWorker` (the object a
+worker hosts), observation codecs, shared-memory observation buffers, crash recovery and the
+grouped stepping that lets the hybrid mode overlap simulation with policy inference.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
+from rlinf_cli.errors import UserError
+from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder, ObsEncoder, Packed
+from rlinf_cli.runtime.vector import SyncVecEnv, alloc_obs
+
+
+class EnvWorkerError(UserError):
+    """An env worker failed for good (its simulator raised, or it crashed too often)."""
+
+    exit_code = 3
+
+
+class WorkerDied(Exception):
+    """Transport-level loss of a worker: the process exited, the actor died, or it went silent."""
+
+
+class RemoteError(Exception):
+    """The simulator raised inside a worker; ``args[0]`` is the remote traceback text."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    lo: int  # first global env index
+    hi: int  # one past the last
+    group: int  # pipeline group
+    worker: int  # worker that owns it
+
+
+def plan_shards(num_envs: int, num_workers: int, num_groups: int) -> list[Shard]:
+    """Intersect a contiguous split over workers with a contiguous split over groups."""
+    def bounds(k: int) -> list[int]:
+        sizes = [num_envs // k + (1 if i < num_envs % k else 0) for i in range(k)]
+        return list(np.cumsum([0, *sizes]))
+
+    wb, gb = bounds(num_workers), bounds(num_groups)
+    shards = []
+    for w in range(num_workers):
+        for g in range(num_groups):
+            lo, hi = max(wb[w], gb[g]), min(wb[w + 1], gb[g + 1])
+            if lo < hi:
+                shards.append(Shard(int(lo), int(hi), g, w))
+    return shards
+
+
+class Reply(NamedTuple):
+    """What a worker returns for one shard request (small; observations may travel apart)."""
+
+    obs: dict[str, Packed] | None  # None: written into shared memory
+    reward: np.ndarray | None
+    terminated: np.ndarray | None
+    truncated: np.ndarray | None
+    success: np.ndarray | None
+    final_obs: Obs | None
+    stats: dict[str, float]
+
+
+class SharedObs:
+    """Observation arrays [num_envs, ...] in one shared-memory block, written by the workers.
+
+    The driver creates it (``create=True``) and unlinks it on close; workers attach by name.
+    """
+
+    def __init__(self, spec: EnvSpec, num_envs: int, name: str | None = None):
+        from multiprocessing import shared_memory
+
+        layout, offset = [], 0
+        for key, s in spec.observation.items():
+            nbytes = int(np.prod((num_envs, *s.shape), dtype=np.int64)) * np.dtype(s.dtype).itemsize
+            layout.append((key, (num_envs, *s.shape), s.dtype, offset))
+            offset += (nbytes + 63) // 64 * 64
+        self.owner = name is None
+        if self.owner:
+            self.shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
+        else:
+            # Attaching must not register the block with this process's resource tracker: the
+            # tracker would unlink it (and warn) when this worker exits, under the driver's feet.
+            from multiprocessing import resource_tracker
+
+            register = resource_tracker.register
+            resource_tracker.register = lambda *a, **k: None  # type: ignore[assignment]
+            try:
+                self.shm = shared_memory.SharedMemory(name=name)
+            finally:
+                resource_tracker.register = register  # type: ignore[assignment]
+        self.name = self.shm.name
+        self.arrays = {key: np.ndarray(shape, dtype=dtype, buffer=self.shm.buf, offset=off)
+                       for key, shape, dtype, off in layout}
+
+    def close(self) -> None:
+        self.arrays = {}
+        try:
+            self.shm.close()
+            if self.owner:
+                self.shm.unlink()
+        except (FileNotFoundError, BufferError):
+            pass
+
+
+class EnvWorker:
+    """The object a worker hosts: one :class:`SyncVecEnv` and one codec stream per shard."""
+
+    def __init__(self, simulator: Simulator, shards: Sequence[tuple[int, int]], autoreset: bool,
+                 codec: CodecConfig, shm_name: str | None = None, num_envs: int = 0):
+        self.shards = [tuple(s) for s in shards]
+        self.envs = [SyncVecEnv(simulator, range(lo, hi), autoreset) for lo, hi in self.shards]
+        self.encoders = [ObsEncoder(codec) for _ in self.shards]
+        self.shm = SharedObs(simulator.spec, num_envs, shm_name) if shm_name else None
+
+    def _emit(self, i: int, obs: Obs, keyframe: bool) -> tuple[dict[str, Packed] | None, dict[str, float]]:
+        if self.shm is not None:
+            lo, hi = self.shards[i]
+            nbytes = 0
+            for key, arr in obs.items():
+                self.shm.arrays[key][lo:hi] = arr
+                nbytes += arr.nbytes
+            return None, {"transport/obs_bytes_raw": float(nbytes), "transport/obs_bytes": float(nbytes)}
+        return self.encoders[i].encode(obs, keyframe)
+
+    def reset(self, i: int, seeds: Sequence[int | None]) -> Reply:
+        obs = self.envs[i].reset(seeds)
+        packed, stats = self._emit(i, obs, keyframe=True)
+        return Reply(packed, None, None, None, None, None, stats)
+
+    def step(self, i: int, actions: np.ndarray) -> Reply:
+        t0 = time.perf_counter()
+        sb = self.envs[i].step(actions)
+        t_sim = time.perf_counter() - t0
+        packed, stats = self._emit(i, sb.obs, keyframe=False)
+        stats["runtime/sim_s"] = t_sim
+        return Reply(packed, sb.reward, sb.terminated, sb.truncated, sb.success, sb.final_obs, stats)
+
+    def park(self, i: int) -> None:
+        """Mark shard ``i``'s envs finished (non-autoreset envs replaced after a crash)."""
+        self.envs[i]._done[:] = True
+
+    def ping(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        if self.shm is not None:
+            self.shm.close()
+
+
+class WorkerHandle(Protocol):
+    """How the driver talks to one worker. Calls on one handle execute in submission order."""
+
+    def submit(self, method: str, *args: Any) -> Any:
+        """Send ``EnvWorker.<method>(*args)``; returns a ticket for :meth:`result`."""
+        ...
+
+    def result(self, ticket: Any) -> Any:
+        """Block for a ticket's reply. Raises :class:`WorkerDied` or :class:`RemoteError`."""
+        ...
+
+    def restart(self) -> None:
+        """Replace a dead worker by a fresh one hosting the same shards; old tickets are void."""
+        ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class WorkerVecEnv:
+    """A VecEnv whose shards live in workers; also steps pipeline groups asynchronously.
+
+    ``step_group_async(g, actions)`` / ``step_group_wait(g)`` let a runner infer the actions of
+    group ``g + 1`` while the workers simulate group ``g``; ``step`` is the synchronous
+    all-groups step every VecEnv has.
+    """
+
+    def __init__(self, spec: EnvSpec, num_envs: int, autoreset: bool, shards: list[Shard],
+                 handles: list[WorkerHandle], codec: CodecConfig, shm: SharedObs | None = None,
+                 max_restarts: int = 3, label: str = "workers"):
+        self.spec = spec
+        self.num_envs = num_envs
+        self.autoreset = autoreset
+        self.shards = shards
+        self.handles = handles
+        self.shm = shm
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.label = label
+        self.num_groups = max(s.group for s in shards) + 1
+        self.pipeline_groups = [(min(s.lo for s in shards if s.group == g), max(s.hi for s in shards if s.group == g))
+                                for g in range(self.num_groups)]
+        self._local = {}  # shard id -> index of the shard inside its worker
+        for w in range(len(handles)):
+            for j, sid in enumerate(i for i, s in enumerate(shards) if s.worker == w):
+                self._local[sid] = j
+        self._decoders = [ObsDecoder(codec) for _ in shards]
+        self._obs = alloc_obs(spec, num_envs)  # last observation of every env (decoded)
+        self._seeds = np.zeros(num_envs, dtype=np.int64)
+        self._pending: dict[int, Any] = {}  # shard id -> ticket of its in-flight step
+        self._fabricated: dict[int, Reply] = {}  # shard id -> reply standing in for a lost step
+        self._reset_done: set[int] = set()  # shards re-reset by a recovery during reset()
+        self._closed = False
+
+    # -- VecEnv --------------------------------------------------------------------------
+    def reset(self, seeds: Sequence[int | None]) -> Obs:
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
+        self._drain()
+        self._fabricated.clear()
+        self._reset_done.clear()
+        self._seeds[:] = [0 if s is None else int(s) for s in seeds]
+        tickets = {sid: self.handles[s.worker].submit("reset", self._local[sid], list(seeds[s.lo:s.hi]))
+                   for sid, s in enumerate(self.shards)}
+        for sid, ticket in tickets.items():
+            if sid in self._reset_done:  # its worker was restarted (and re-reset) while we waited
+                continue
+            reply = self._wait(sid, ticket, "reset")
+            self._store_obs(sid, reply)
+        return {k: v.copy() for k, v in self._obs.items()}
+
+    def step(self, actions: np.ndarray) -> StepBatch:
+        for g, (lo, hi) in enumerate(self.pipeline_groups):
+            self.step_group_async(g, actions[lo:hi])
+        parts = [self.step_group_wait(g) for g in range(self.num_groups)]
+        return parts[0] if len(parts) == 1 else _concat(parts)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self.handles:
+            try:
+                h.close()
+            except Exception:  # closing must not mask the error that made us close
+                pass
+        if self.shm is not None:
+            self.shm.close()
+
+    def describe(self) -> str:
+        return self.label
+
+    # -- pipelined groups ------------------------------------------------------------------
+    def step_group_async(self, g: int, actions: np.ndarray) -> None:
+        """Start stepping group ``g`` (``actions`` covers the group's envs only)."""
+        base = self.pipeline_groups[g][0]
+        for sid, s in enumerate(self.shards):
+            if s.group != g:
+                continue
+            if sid in self._pending:
+                raise RuntimeError(f"group {g} is already stepping")
+            if sid in self._fabricated:
+                self._pending[sid] = None
+                continue
+            a = np.ascontiguousarray(actions[s.lo - base:s.hi - base])
+            self._pending[sid] = self.handles[s.worker].submit("step", self._local[sid], a)
+
+    def step_group_wait(self, g: int) -> StepBatch:
+        """Finish group ``g``'s step; the StepBatch covers the group's envs only."""
+        lo, hi = self.pipeline_groups[g]
+        n = hi - lo
+        reward = np.zeros(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        success = np.zeros(n, dtype=bool)
+        final_obs: Obs | None = None
+        stats: dict[str, float] = {}
+        for sid, s in enumerate(self.shards):
+            if s.group != g:
+                continue
+            ticket = self._pending.pop(sid)
+            reply = self._fabricated.pop(sid) if ticket is None else self._wait(sid, ticket, "step")
+            a, b = s.lo - lo, s.hi - lo
+            if reply.final_obs is not None:
+                if final_obs is None:
+                    final_obs = alloc_obs(self.spec, n)
+                for k, v in reply.final_obs.items():
+                    final_obs[k][a:b] = v
+            self._store_obs(sid, reply)
+            reward[a:b] = reply.reward
+            terminated[a:b] = reply.terminated
+            truncated[a:b] = reply.truncated
+            success[a:b] = reply.success
+            for k, v in reply.stats.items():
+                stats[k] = stats.get(k, 0.0) + v
+        obs = {k: v[lo:hi].copy() for k, v in self._obs.items()}
+        return StepBatch(obs, reward, terminated, truncated, success, final_obs, stats)
+
+    # -- internals -------------------------------------------------------------------------
+    def _store_obs(self, sid: int, reply: Reply) -> None:
+        s = self.shards[sid]
+        if reply.obs is None:  # in shared memory (a fabricated reply has obs={}: already stored)
+            if self.shm is not None:
+                for k, v in self.shm.arrays.items():
+                    self._obs[k][s.lo:s.hi] = v[s.lo:s.hi]
+            return
+        _, dt = self._decoders[sid].decode(reply.obs, {k: v[s.lo:s.hi] for k, v in self._obs.items()})
+        reply.stats["transport/decode_s"] = reply.stats.get("transport/decode_s", 0.0) + dt
+
+    def _drain(self) -> None:
+        """Collect replies still in flight (a rollout stopped mid-pipeline) before a reset."""
+        for sid in list(self._pending):
+            ticket = self._pending.pop(sid)
+            if ticket is not None:
+                self._wait(sid, ticket, "step")
+        self._fabricated.clear()
+
+    def _wait(self, sid: int, ticket: Any, what: str) -> Reply:
+        s = self.shards[sid]
+        handle = self.handles[s.worker]
+        try:
+            return handle.result(ticket)
+        except RemoteError as exc:
+            last = str(exc.args[0]).strip().splitlines()[-1] if exc.args else "unknown error"
+            raise EnvWorkerError(f"env worker {s.worker} (envs {s.lo}-{s.hi - 1}) failed in {what}: {last}") from exc
+        except WorkerDied as exc:
+            return self._recover(s.worker, sid, what, str(exc))
+
+    def _recover(self, w: int, sid: int, what: str, why: str) -> Reply:
+        """Restart worker ``w``. Interrupted episodes are reported truncated; its envs start anew."""
+        mine = [i for i, s in enumerate(self.shards) if s.worker == w]
+        envs = f"envs {self.shards[mine[0]].lo}-{self.shards[mine[-1]].hi - 1}"
+        if self.restarts >= self.max_restarts:
+            raise EnvWorkerError(
+                f"env worker {w} ({envs}) died during {what} ({why}); restarted {self.restarts} time(s) already "
+                f"(runtime.max_restarts={self.max_restarts}). Check the simulator (memory, crashes) or raise runtime.max_restarts")
+        self.restarts += 1
+        import warnings
+
+        warnings.warn(f"env worker {w} ({envs}) died during {what} ({why}); restarted it "
+                      f"({self.restarts}/{self.max_restarts}); its running episodes count as truncated",
+                      RuntimeWarning, stacklevel=3)
+        handle = self.handles[w]
+        try:
+            handle.restart()
+        except Exception as exc:
+            raise EnvWorkerError(f"env worker {w} ({envs}) died during {what} ({why}) and could not be restarted: {exc}") from exc
+        result: Reply | None = None
+        for i in mine:
+            s = self.shards[i]
+            n = s.hi - s.lo
+            self._decoders[i].reset()
+            if what == "reset":  # retry the reset the caller asked for, with its seeds
+                seeds = [int(x) for x in self._seeds[s.lo:s.hi]]
+            else:  # fresh episodes on seeds derived from the interrupted ones: deterministic, not repeats
+                seeds = [int((x + 1_000_003 * self.restarts) % 2**31) for x in self._seeds[s.lo:s.hi]]
+            last = {k: v[s.lo:s.hi].copy() for k, v in self._obs.items()}
+            try:
+                reply = handle.result(handle.submit("reset", self._local[i], seeds))
+                if not self.autoreset and what != "reset":
+                    handle.result(handle.submit("park", self._local[i]))
+            except (WorkerDied, RemoteError) as exc:
+                raise EnvWorkerError(f"env worker {w} ({envs}) failed again right after a restart: {exc}") from exc
+            self._store_obs(i, reply)
+            if what == "reset":
+                self._reset_done.add(i)
+                if i == sid:
+                    result = reply
+                continue
+            if not self.autoreset:  # parked envs repeat their last observation until the next reset
+                for k, v in last.items():
+                    self._obs[k][s.lo:s.hi] = v
+            stats = {"runtime/worker_restarts": 1.0} if i == sid else {}
+            fabricated = Reply({}, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), np.zeros(n, bool),
+                               last, stats)
+            if i != sid and self._pending.get(i) is not None:
+                self._pending[i] = None  # its reply was lost with the worker
+            self._fabricated[i] = fabricated
+        if result is not None:
+            return result
+        return self._fabricated.pop(sid)
+
+
+def _concat(parts: list[StepBatch]) -> StepBatch:
+    obs = {k: np.concatenate([p.obs[k] for p in parts]) for k in parts[0].obs}
+    final = None
+    if any(p.final_obs is not None for p in parts):
+        final = {}
+        for k in parts[0].obs:
+            final[k] = np.concatenate([p.final_obs[k] if p.final_obs is not None else np.zeros_like(p.obs[k]) for p in parts])
+    stats: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.stats.items():
+            stats[k] = stats.get(k, 0.0) + v
+    return StepBatch(obs, np.concatenate([p.reward for p in parts]), np.concatenate([p.terminated for p in parts]),
+                     np.concatenate([p.truncated for p in parts]), np.concatenate([p.success for p in parts]), final, stats)
