@@ -206,8 +206,8 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
     spec = EnvSpec.from_dict(meta["spec"])
     if not meta["chunks"]:
         raise UserError(f"dataset '{path}' has no episodes yet; run `rlinf collect output={path}`")
-    tables = []
-    for chunk in meta["chunks"]:
+    raw: list[tuple[str, bytes]] = []
+    for chunk in meta["chunks"]:  # every checksum before any parsing: a damaged dataset costs no work
         f = path / chunk["file"]
         if not f.is_file():
             raise UserError(f"dataset '{path}' is missing chunk {chunk['file']}; restore it or re-collect")
@@ -215,10 +215,14 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
         if verify and hashlib.sha256(data).hexdigest() != chunk["sha256"]:
             raise UserError(f"chunk {chunk['file']} of dataset '{path}' fails its sha256 check: the file is corrupt; "
                             f"re-collect the dataset (or restore the chunk)")
+        raw.append((chunk["file"], data))
+    tables = []
+    for name, data in raw:
         try:
-            tables.append(pq.read_table(io.BytesIO(data)))
+            # one thread: chunks are small, and arrow's pool outliving a failed run can abort the exit
+            tables.append(pq.read_table(io.BytesIO(data), use_threads=False))
         except (pa.ArrowException, OSError) as exc:
-            raise UserError(f"chunk {chunk['file']} of dataset '{path}' cannot be read ({exc}); re-collect the dataset") from exc
+            raise UserError(f"chunk {name} of dataset '{path}' cannot be read ({exc}); re-collect the dataset") from exc
     table = pa.concat_tables(tables)
     n = table.num_rows
     obs = {}
