@@ -95,7 +95,7 @@ def test_jsonl_errors(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x"}\n')
-    with pytest.raises(UserError, match="needs 'question' and 'answer'"):
+    with pytest.raises(UserError, match="needs fields 'question' and 'answer'"):
         JsonlTask({"path": str(bad)})
     with pytest.raises(UserError, match="does not exist"):
         JsonlTask({"path": str(tmp_path / "missing.jsonl")})

@@ -142,24 +142,10 @@ META_SUFFIX = ".meta.json"
 
 
 def read_pairs(path: str, prompt_key: str, completion_key: str) -> list[tuple[str, str]]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"dataset '{path}' does not exist")
-    pairs = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{i} is not valid JSON ({exc.msg}); fix or remove that line") from exc
-        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str) or not isinstance(row.get(completion_key), str):
-            raise UserError(f"{path}:{i} needs string fields '{prompt_key}' and '{completion_key}' "
-                            f"(set text.prompt_key / text.completion_key)")
-        pairs.append((row[prompt_key], row[completion_key]))
-    if not pairs:
-        raise UserError(f"dataset '{path}' has no rows")
-    return pairs
+    from rlinf_cli.data.jsonl import read_rows
+
+    rows = read_rows(path, (prompt_key, completion_key), "dataset", "set text.prompt_key / text.completion_key", strings=True)
+    return [(row[prompt_key], row[completion_key]) for row in rows]
 
 
 def read_meta(path: str) -> dict[str, Any]:

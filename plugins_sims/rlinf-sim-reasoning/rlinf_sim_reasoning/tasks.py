@@ -7,11 +7,9 @@ scores a prompt that training could have seen.
 
 from __future__ import annotations
 
-import json
 import random
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rlinf_cli import settings
@@ -152,23 +150,9 @@ class JsonlConfig(rewards.RewardConfig):
 
 
 def read_jsonl(path: str, question_key: str, answer_key: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"sim.path '{path}' does not exist; point it at a JSONL file with '{question_key}' and '{answer_key}' fields")
-    rows = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{i} is not valid JSON ({exc.msg}); fix or remove that line") from exc
-        if not isinstance(row, dict) or question_key not in row or answer_key not in row:
-            raise UserError(f"{path}:{i} needs '{question_key}' and '{answer_key}' fields (set sim.question_key / sim.answer_key)")
-        rows.append(row)
-    if not rows:
-        raise UserError(f"sim.path '{path}' has no rows")
-    return rows
+    from rlinf_cli.data.jsonl import read_rows
+
+    return read_rows(path, (question_key, answer_key), "sim.path", "set sim.question_key / sim.answer_key")
 
 
 class JsonlTask(SingleTurnTask):
