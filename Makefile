@@ -7,7 +7,8 @@ STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
 PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local \
-           plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp
+           plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld \
+           plugins_models/rlinf-model-mlp
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
 .PHONY: install demo test test-fast clean
