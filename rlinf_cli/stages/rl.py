@@ -20,6 +20,11 @@ def _build_policy(cfg: Any, spec: Any, device: Any) -> Any:
     if source:
         policy = load_policy(source, device)
         check_compatible(policy.env_spec, spec, f"checkpoint '{source}'")
+        std = cfg.get("init_action_std")
+        if not cfg.resume and std is not None:
+            if std <= 0:
+                raise UserError(f"init_action_std must be > 0 (or null to keep the checkpoint's), got {std}")
+            policy.set_action_std(float(std))
         return policy
     return get_registry().load("model", cfg.model.name)(cfg.model, spec).to(device)
 
@@ -88,7 +93,8 @@ def run(cfg: Any) -> dict[str, Any]:
                         runner.reset(common.training_seeds(int(cfg.seed), it // interval, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
-                warmup = it < getattr(c, "critic_warmup_iters", 0)
+                # Only a cloned actor (init=) needs protecting from an untrained critic's advantages.
+                warmup = bool(cfg.init) and it < getattr(c, "critic_warmup_iters", 0)
                 metrics = update(policy, optimizer, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
                 first = False

@@ -98,8 +98,12 @@ class PPO(Algorithm):
                 "entropy": entropy,
                 "approx_kl": approx_kl(logratio).mean(),
                 "clip_frac": clipped.float().mean(),
+                "explained_variance": 1.0 - (mb.returns - v).var() / mb.returns.var().clamp_min(1e-8),
             }
-        stats["value_loss_raw"] = c.value_coef * v_loss
+        # Critic warm-up (trainer, train_actor=False) minimises this instead. Unclipped: value
+        # clipping keeps V within clip_value of the rollout's values, which would let an untrained
+        # critic move only clip_value per iteration towards returns it has never seen.
+        stats["value_loss_raw"] = c.value_coef * 0.5 * ((v - mb.returns) ** 2).mean()
         return loss, stats
 
     def stop_early(self, stats) -> bool:

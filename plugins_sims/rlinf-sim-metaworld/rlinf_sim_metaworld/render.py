@@ -8,8 +8,10 @@ upside down (their up vector points at the floor), so their images are rotated b
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,15 @@ from rlinf_cli.errors import UserError
 
 # Cameras whose frame has the world's up axis pointing down in the image.
 UPSIDE_DOWN = {"corner", "corner2", "corner3", "corner4"}
+
+_LIVE: "weakref.WeakSet[FastRenderer]" = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    # Registered after mujoco's own EGL exit handler, so it runs first: renderers still alive at
+    # exit (pooled envs) must free their GL context while the EGL display exists.
+    for renderer in list(_LIVE):
+        renderer.close()
 
 
 def prepare_gl() -> None:
@@ -61,6 +72,10 @@ class FastRenderer:
             flags[flag] = False
         self.camera = camera
         self.flip = camera in UPSIDE_DOWN
+        if not _close_all.__dict__.get("registered"):
+            atexit.register(_close_all)
+            _close_all.registered = True  # type: ignore[attr-defined]
+        _LIVE.add(self)
 
     def render(self, data: Any) -> np.ndarray:
         self.renderer.update_scene(data, camera=self.camera)
@@ -68,4 +83,5 @@ class FastRenderer:
         return np.ascontiguousarray(img[::-1, ::-1]) if self.flip else img
 
     def close(self) -> None:
+        _LIVE.discard(self)
         self.renderer.close()
