@@ -30,7 +30,7 @@ class PPOConfig(TrainConfig):
     entropy_coef: float = 0.0  # weight of the entropy bonus
     norm_adv: bool = True  # normalise advantages per minibatch
     target_kl: float | None = None  # stop the epoch loop once mean approx KL exceeds this
-    critic_warmup_iters: int = 0  # first iterations train the critic only (for a cloned actor)
+    critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -103,6 +103,9 @@ def _create(task: str) -> Any:
     env._set_task_called = True
     env._rlinf_pid = os.getpid()
     env._rlinf_renderers = {}
+    from rlinf_sim_metaworld import fast
+
+    fast.install(env)  # exact vectorised versions of two slow Meta-World helpers (~1.7x faster steps)
     return env
 
 
