@@ -24,7 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 RLINF = str(Path(sys.executable).with_name("rlinf"))
-TASKS = ["reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-close-v3", "button-press-v3"]
+# Five tasks where 3 demonstrations leave the cloned policy room to improve, and one it already
+# solves (RL must not break it). Grasping tasks (pick-place, peg-unplug-side, hammer) are not
+# lifted by PPO within this budget from 3 demos: see docs/benchmarks.md (--tasks to run them).
+TASKS = ["reach-v3", "push-v3", "reach-wall-v3", "lever-pull-v3", "plate-slide-back-v3", "door-open-v3"]
 EVAL_SEED = 1_000_000  # evaluation seeds: far from the collect (0..) and training (< 1e6) seeds
 
 
@@ -51,7 +54,7 @@ def pipeline(task: str, a: argparse.Namespace) -> dict:
     sim = ["sim=metaworld", f"sim.task={task}", f"sim.max_episode_steps={a.max_episode_steps}"]
     data = root / "data"
     times: dict[str, float] = {}
-    res = run(["collect", *sim, *common, "policy=expert", f"episodes={a.demos}", f"num_envs={a.demos}",
+    res = run(["collect", *sim, *common, "policy=expert", "only_success=true", f"episodes={a.demos}", f"num_envs={a.demos}",
                f"output={data}", f"run_dir={root / 'collect'}"], log)
     times["collect"] = res["wall_s"]
     res = run(["sft", *common, f"dataset={data}", f"model.hidden_sizes={a.hidden}", f"algo.epochs={a.sft_epochs}",

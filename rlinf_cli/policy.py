@@ -62,8 +62,9 @@ class Policy(nn.Module):
         """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
         raise NotImplementedError(f"{type(self).__name__} has no mean_action")
 
-    def set_action_std(self, std: float) -> bool:
-        """Reset the exploration noise of continuous actions to ``std``; False if there is none.
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
+        """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
+        trainable or fixed; False if the policy has no such noise.
 
         RL from a cloned policy calls it (``rlinf rl init=... init_action_std=...``): behaviour
         cloning shrinks a learned std until the policy barely explores.

@@ -133,11 +133,13 @@ class MLPPolicy(Policy):
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.actor(self.features(obs))
 
-    def set_action_std(self, std: float) -> bool:
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
         if self.env_spec.discrete:
             return False
-        with torch.no_grad():
-            self.log_std.fill_(math.log(std))
+        if std is not None:
+            with torch.no_grad():
+                self.log_std.fill_(math.log(std))
+        self.log_std.requires_grad_(trainable)
         return True
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
