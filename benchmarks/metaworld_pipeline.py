@@ -110,7 +110,11 @@ def main() -> None:
     p.add_argument("--ppo-steps", type=int, default=100_000, help="0 skips PPO")
     p.add_argument("--grpo-steps", type=int, default=100_000, help="0 skips GRPO")
     p.add_argument("--ppo", nargs="*", default=[], help="extra overrides for the PPO stage")
-    p.add_argument("--grpo", nargs="*", default=[], help="extra overrides for the GRPO stage")
+    # GRPO's plugin defaults are shared with language-model training; for 4-d continuous control
+    # more initial states per iteration, group filtering and more, smaller updates per batch work better.
+    p.add_argument("--grpo", nargs="*", default=["algo.groups=8", "algo.group_size=4", "algo.filter_groups=true",
+                                                  "algo.epochs=10", "algo.minibatch_size=256"],
+                   help="extra overrides for the GRPO stage")
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--jobs", type=int, default=2, help="tasks run in parallel")
     p.add_argument("--out", default="rlinf_runs/bench_metaworld/" + time.strftime("%Y%m%d-%H%M%S"))

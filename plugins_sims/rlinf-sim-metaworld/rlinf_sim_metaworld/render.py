@@ -45,8 +45,11 @@ def prepare_gl() -> None:
             # mujoco is already imported with GLFW, which cannot work without a display:
             # the renderer reads gl_context.GLContext when it is built, so point it at EGL.
             import mujoco.gl_context
-            from mujoco.egl import GLContext
 
+            try:
+                from mujoco.egl import GLContext
+            except ImportError:  # no libEGL: FastRenderer will say what to install
+                return
             mujoco.gl_context.GLContext = GLContext
 
 
