@@ -7,8 +7,8 @@ STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
 PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local plugins/rlinf-executor-ray \
-           plugins_sims/rlinf-sim-gymnasium plugins_models/rlinf-model-mlp \
-           plugins_sims/rlinf-sim-reasoning plugins_models/rlinf-model-hf
+           plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld plugins_sims/rlinf-sim-reasoning \
+           plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
 .PHONY: install demo test test-fast clean smollm2 bench gl
@@ -26,12 +26,16 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) Makefile
 	touch $@
 
 # Offscreen rendering for pixel observations: MuJoCo through EGL (Mesa's llvmpipe renders on the
-# CPU). Installs the EGL/Mesa libraries with apt where they are missing and we may; never fatal.
+# CPU). libEGL.so.1 is only glvnd's dispatcher: a vendor library (Mesa's or NVIDIA's) must be there
+# too. Installs what is missing with apt where we may (root); never fatal for non-pixel use.
+GL_LIBS := libegl1 libgl1 libegl-mesa0 libgl1-mesa-dri
 gl:
-	@ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libGL.so.1' \
+	@{ ldconfig -p | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libGL.so.1' \
+	   && ldconfig -p | grep -q -E 'libEGL_(mesa|nvidia).so.0'; } 2>/dev/null \
 	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
-	       && apt-get install -y -q libegl1 libgl1 libgl1-mesa-dri >/dev/null 2>&1; } \
-	  || echo "note: no EGL/GL libraries; pixel observations need libegl1 libgl1-mesa-dri (or libosmesa6 + MUJOCO_GL=osmesa)"
+	       && { apt-get install -y -q --no-install-recommends $(GL_LIBS) >/dev/null 2>&1 \
+	            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(GL_LIBS) >/dev/null 2>&1; }; }; } \
+	  || echo "note: no EGL/GL libraries; pixel observations need $(GL_LIBS) (or libosmesa6 + MUJOCO_GL=osmesa)"
 
 # Side-by-side benchmarks (docs/benchmarks.md): run them on a quiet machine.
 bench: install
@@ -39,8 +43,14 @@ bench: install
 	$(PY) benchmarks/ppo_vs_sb3.py
 	$(PY) benchmarks/compression.py
 
+# The whole loop on one Meta-World task: 3 expert demos -> behaviour cloning -> PPO on the sparse
+# success reward -> success on 40 held-out seeds, as one table (a few minutes on 2 CPU cores).
+DEMO ?= sim=metaworld sim.task=reach-v3 collect.episodes=3 collect.num_envs=3 \
+        sft.model.hidden_sizes=[256,256] sft.algo.epochs=600 sft.algo.minibatch_size=64 sft.val_fraction=0 \
+        rl.total_steps=40000 eval.episodes=40
+
 demo: install
-	$(VENV)/bin/rlinf pipeline
+	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
 	$(PY) -m pytest -n 2 --dist loadfile -q

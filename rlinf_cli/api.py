@@ -75,6 +75,10 @@ class EnvSpec:
 
 Obs = dict[str, np.ndarray]
 
+# Multi-task simulators put the task each env runs in the observation under this key: an int64
+# scalar indexing EnvSpec.tasks. Models may embed it; evaluation reports success per task.
+TASK_KEY = "task_id"
+
 
 class SingleEnv(Protocol):
     """One environment instance, gymnasium-style, with dict observations.

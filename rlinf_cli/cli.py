@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 

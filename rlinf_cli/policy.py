@@ -62,6 +62,15 @@ class Policy(nn.Module):
         """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
         raise NotImplementedError(f"{type(self).__name__} has no mean_action")
 
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
+        """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
+        trainable or fixed; False if the policy has no such noise.
+
+        RL from a cloned policy calls it (``rlinf rl init=... init_action_std=...``): behaviour
+        cloning shrinks a learned std until the policy barely explores.
+        """
+        return False
+
     # -- persistence ---------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:
         from safetensors.torch import save_model
@@ -153,6 +162,9 @@ def check_compatible(policy_spec: EnvSpec, env_spec: EnvSpec, where: str) -> Non
             raise UserError(f"{where} expects observation '{key}' but the simulator gives {sorted(env_spec.observation)}")
         if tuple(got.shape) != tuple(spec.shape):
             raise UserError(f"{where} expects observation '{key}' of shape {tuple(spec.shape)}, the simulator gives {tuple(got.shape)}")
+    if len(policy_spec.tasks) > 1 and tuple(env_spec.tasks) != tuple(policy_spec.tasks):
+        raise UserError(f"{where} was trained on the tasks {list(policy_spec.tasks)} but the simulator runs "
+                        f"{list(env_spec.tasks)}: task ids would name other tasks; use the same task list")
     if policy_spec.num_actions != env_spec.num_actions or tuple(policy_spec.action.shape) != tuple(env_spec.action.shape):
         raise UserError(
             f"{where} acts in {_action_str(policy_spec)} but the simulator expects {_action_str(env_spec)}"

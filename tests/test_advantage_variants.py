@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from rlinf_algos.grpo import GRPO, group_advantages  # noqa: E402
 from rlinf_algos.reinforce_pp import ReinforcePP, batch_normalised_advantages  # noqa: E402

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
 
 from rlinf_model_hf.model import HFCausalLM  # noqa: E402
 

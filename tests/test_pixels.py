@@ -77,3 +77,27 @@ def test_rl_on_pixels_in_hybrid_mode(cli) -> None:
     assert m["rollout/transport/obs_bytes_raw_per_step"] == 4 * 48 * 48 * 3
     assert m["rollout/transport/obs_bytes_per_step"] < m["rollout/transport/obs_bytes_raw_per_step"] / 4
     assert "hybrid: 4 envs in" in r.err
+
+
+def test_renders_after_mujoco_was_imported_without_a_gl_choice() -> None:
+    # A test worker or pipeline that ran a state env first has mujoco imported with GLFW, which
+    # needs a display; the pixel env must still render (CI failed exactly this way once).
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import mujoco\n"
+        "from rlinf_cli.stages.common import make_simulator\n"
+        "from rlinf_cli.runtime.vector import SyncVecEnv\n"
+        "sim = make_simulator({'name': 'gymnasium', 'env_id': 'InvertedPendulum-v5', 'obs': 'rgb', 'image_size': 24})\n"
+        "env = SyncVecEnv(sim, range(1))\n"
+        "rgb = env.reset([0])['rgb']\n"
+        "env.close()\n"
+        "print(rgb.shape, int(rgb.max()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shape, peak = out.stdout.split(")")
+    assert shape.strip() == "(1, 24, 24, 3" and int(peak) > 0

@@ -14,10 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-pytest.importorskip("rlinf_cli.runtime.distributed", reason="the training engines arrive with the LLM work (issue 4)")
-pytest.importorskip("deepspeed")
 
 ARGS = ["num_envs=4", "eval.episodes=3", "progress=false", "tracking.enabled=false", "algo.epochs=4"]
 

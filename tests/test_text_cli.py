@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model=hf", "model.hidden_size=64", "model.layers=2", "model.heads=2", "model.kv_heads=1",
         "model.intermediate_size=128"]
@@ -81,8 +79,6 @@ def _torchrun() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, stage", [("deepspeed", 2), ("deepspeed", 3), ("torch", 0)])
 def test_two_process_engine_step(backend, stage):
-    if backend == "deepspeed":
-        pytest.importorskip("deepspeed")
     proc = subprocess.run([_torchrun(), "--standalone", "--nproc_per_node", "2", str(REPO / "tests/scripts/engine_step.py"),
                            backend, str(stage)], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -95,7 +91,6 @@ def test_two_process_engine_step(backend, stage):
 
 @pytest.mark.slow
 def test_rl_cli_under_torchrun_with_deepspeed(workdir):
-    pytest.importorskip("deepspeed")
     rlinf_main = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "rlinf_cli"]
     proc = subprocess.run([*rlinf_main, "rl", "--algo", "grpo", "sim=arithmetic", "sim.digits=1", *TINY,
                            "text.iterations=2", "algo.groups=2", "algo.group_size=4", "eval.episodes=4",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from rlinf_cli.runtime.text import sample_completions, to_batch  # noqa: E402
 from rlinf_sim_reasoning.tools import CalculatorTask  # noqa: E402

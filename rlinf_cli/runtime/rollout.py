@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from rlinf_cli.api import EnvSpec, Obs, StepBatch, VecEnv
+from rlinf_cli.api import TASK_KEY, EnvSpec, Obs, StepBatch, VecEnv
 from rlinf_cli.policy import Policy, obs_to_torch
 
 
@@ -27,6 +27,7 @@ class EpisodeStats:
     success_once: bool  # the task was solved at some step of the episode
     success_at_end: bool  # the task was solved at the episode's last step
     seed: int | None = None
+    task: int | None = None  # multi-task simulators: index into EnvSpec.tasks (from the obs key "task_id")
 
 
 @dataclass
@@ -214,6 +215,8 @@ def run_episodes(
     """
     n = env.num_envs
     obs = env.reset(seeds)
+    # Simulators with several tasks say in the observation which task each env runs.
+    tasks = np.asarray(obs[TASK_KEY]).reshape(n).copy() if TASK_KEY in obs else None
     alive = np.ones(n, dtype=bool)
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
@@ -233,7 +236,8 @@ def run_episodes(
         obs = sb.obs
         if not alive.any():
             break
-    return [EpisodeStats(float(ret[i]), int(length[i]), bool(success_once[i]), bool(success_last[i]), int(seeds[i]))
+    return [EpisodeStats(float(ret[i]), int(length[i]), bool(success_once[i]), bool(success_last[i]), int(seeds[i]),
+                         None if tasks is None else int(tasks[i]))
             for i in range(n)]
 
 

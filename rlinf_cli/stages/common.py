@@ -230,6 +230,28 @@ def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dic
     return out
 
 
+def summarize_by_task(episodes: Sequence[EpisodeStats], tasks: Sequence[str],
+                      has_success: bool = True) -> dict[str, dict[str, float]]:
+    """Task name -> :func:`summarize` of its episodes, for simulators with several tasks."""
+    out = {}
+    for index, name in enumerate(tasks):
+        mine = [e for e in episodes if e.task == index]
+        if mine:
+            out[name] = summarize(mine, has_success)
+    return out
+
+
+def task_mean(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each number averaged over tasks (every task weighs the same, whatever its episode count)."""
+    if not per_task:
+        return {}
+    keys = set.intersection(*(set(s) for s in per_task.values()))
+    out = {k: float(np.mean([s[k] for s in per_task.values()])) for k in sorted(keys)}
+    out["episodes"] = float(sum(s["episodes"] for s in per_task.values()))
+    out["tasks"] = float(len(per_task))
+    return out
+
+
 def pct(summary: dict[str, float], key: str) -> str:
     return f"{summary[key]:.0%}" if key in summary else "n/a"
 

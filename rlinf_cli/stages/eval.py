@@ -36,14 +36,27 @@ def run(cfg: Any) -> dict[str, Any]:
                                    on_batch=lambda b: progress.update(len(b)))
         progress.close()
         summary = common.summarize(episodes, sim.spec.has_success)
-        tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, 0)
+        metrics = {f"eval/{k}": v for k, v in summary.items()}
+        rows = {label: summary}
+        extra: dict[str, Any] = {}
+        if len(sim.spec.tasks) > 1:  # multi-task: one row per task, then the mean over tasks
+            per_task = common.summarize_by_task(episodes, sim.spec.tasks, sim.spec.has_success)
+            mean = common.task_mean(per_task)
+            extra = {"per_task": per_task, "task_mean": mean}
+            rows = {f"{label} · {task}": s for task, s in per_task.items()}
+            rows[f"{label} · mean over {len(per_task)} tasks"] = mean
+            metrics.update({f"eval/task/{task}/{k}": v for task, s in per_task.items() for k, v in s.items()})
+            metrics.update({f"eval/task_mean/{k}": v for k, v in mean.items()})
+            if int(cfg.episodes) % len(sim.spec.tasks):
+                ctx.note(f"note: {cfg.episodes} episodes over {len(sim.spec.tasks)} tasks: tasks got unequal episode counts")
+        tracker.log_metrics(metrics, 0)
         result = {"stage": "eval", "checkpoint": source, "run_dir": str(ctx.run_dir), "seconds": round(time.time() - ctx.started, 2),
-                  "eval": summary, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}
-        table = common.eval_table({label: summary}, f"rlinf eval: {cfg.sim.name} (seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1})")
+                  "eval": summary, **extra, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}
+        table = common.eval_table(rows, f"rlinf eval: {cfg.sim.name} (seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1})")
         common.write_result(ctx, tracker, result, table)
         if cfg.output:
             Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg.output).write_text(json.dumps(result, indent=2))
         ctx.console.print(table)
-        ctx.console.print_json(json.dumps({"checkpoint": source, **summary}))
+        ctx.console.print_json(json.dumps({"checkpoint": source, **summary, **({"per_task": extra["per_task"]} if extra else {})}))
     return result

@@ -21,8 +21,19 @@ def _build_policy(cfg: Any, spec: Any, device: Any) -> Any:
     if source:
         policy = load_policy(source, device)
         check_compatible(policy.env_spec, spec, f"checkpoint '{source}'")
-        return policy
-    return get_registry().load("model", cfg.model.name)(cfg.model, spec).to(device)
+    else:
+        policy = get_registry().load("model", cfg.model.name)(cfg.model, spec).to(device)
+    # RL from a cloned policy (init=): cloning shrank its std until it barely explores, so it is
+    # reset; and a fixed std keeps PPO from collapsing or inflating it while the mean improves.
+    # A resumed run keeps the std it had.
+    std = cfg.get("init_action_std") if cfg.init and not cfg.resume else None
+    if std is not None and std <= 0:
+        raise UserError(f"init_action_std must be > 0 (or null to keep the checkpoint's), got {std}")
+    learn = cfg.get("learn_action_std")
+    learn = not cfg.init if learn is None else bool(learn)
+    if std is not None or not learn:
+        policy.set_action_std(None if std is None else float(std), trainable=learn)
+    return policy
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -126,7 +137,8 @@ def run(cfg: Any) -> dict[str, Any]:
                         runner.reset(common.training_seeds(int(cfg.seed), (it // interval) * world + rank, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
-                warmup = it < getattr(c, "critic_warmup_iters", 0)
+                # Only a cloned actor (init=) needs protecting from an untrained critic's advantages.
+                warmup = bool(cfg.init) and it < getattr(c, "critic_warmup_iters", 0)
                 metrics = update(policy, trainer.handle, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
                 cpu = time.process_time() - cpu0  # this process only: shows contention next to wall time

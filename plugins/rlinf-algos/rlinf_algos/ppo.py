@@ -31,7 +31,7 @@ class PPOConfig(TrainConfig):
     entropy_coef: float = 0.0  # weight of the entropy bonus
     norm_adv: bool = True  # normalise advantages per minibatch
     target_kl: float | None = None  # stop the epoch loop once mean approx KL exceeds this
-    critic_warmup_iters: int = 0  # first iterations train the critic only (for a cloned actor)
+    critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,8 +104,12 @@ class PPO(Algorithm):
                 "entropy": entropy,
                 "approx_kl": approx_kl(logratio).mean(),
                 "clip_frac": clipped.float().mean(),
+                "explained_variance": 1.0 - (mb.returns - v).var() / mb.returns.var().clamp_min(1e-8),
             }
-        stats["value_loss_raw"] = c.value_coef * v_loss
+        # Critic warm-up (trainer, train_actor=False) minimises this instead. Unclipped: value
+        # clipping keeps V within clip_value of the rollout's values, which would let an untrained
+        # critic move only clip_value per iteration towards returns it has never seen.
+        stats["value_loss_raw"] = c.value_coef * 0.5 * ((v - mb.returns) ** 2).mean()
         return loss, stats
 
     def stop_early(self, stats) -> bool:

@@ -232,9 +232,11 @@ class HFCausalLM(Policy):
                  stop: Sequence[str] = (), generator: torch.Generator | None = None) -> sampling.Generation:
         stop_check: Callable[[list[int]], bool] | None = None
         if stop:
-            def stop_check(row: list[int]) -> bool:
+            def _stops(row: list[int]) -> bool:
                 tail = self.decode(row[-16:])
                 return any(tail.endswith(s) for s in stop)
+
+            stop_check = _stops
         was_training = self.lm.training
         self.lm.eval()
         try:

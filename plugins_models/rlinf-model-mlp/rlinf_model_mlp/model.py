@@ -1,7 +1,9 @@
 """MLP actor-critic, with a small CNN encoder for image observations.
 
 Observation keys listed in ``obs_keys`` are encoded and concatenated: flat vectors as they are,
-images (``[H, W, C]`` uint8) through a CNN shared by actor and critic. Discrete actions
+images (``[H, W, C]`` uint8) through a CNN shared by actor and critic. For a simulator with
+several tasks (``EnvSpec.tasks``), the task id it observes is embedded and appended, so one
+network learns all tasks. Discrete actions
 use a categorical head; continuous actions a Gaussian with a state-independent log std.
 Distributions are written out by hand: ``torch.distributions`` validation and object creation
 cost more than the maths at these sizes.
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlinf_cli import settings
-from rlinf_cli.api import EnvSpec
+from rlinf_cli.api import TASK_KEY, EnvSpec
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy import ActOutput, EvalOutput, Policy
 
@@ -39,6 +41,7 @@ class MLPConfig:
     cnn_kernels: tuple[int, ...] = (8, 4)  # conv kernel sizes
     cnn_strides: tuple[int, ...] = (4, 2)  # conv strides
     cnn_features: int = 128  # encoder output width per image
+    task_embedding: int = 16  # width of the learned task embedding for multi-task simulators; 0 = none
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -92,9 +95,14 @@ class MLPPolicy(Policy):
         if missing:
             raise UserError(f"model.obs_keys {list(cfg.obs_keys)}: the simulator has no {missing}; it gives {sorted(env_spec.observation)}")
         self._images = [k for k in cfg.obs_keys if len(env_spec.observation[k].shape) == 3]
-        self._flat = [k for k in cfg.obs_keys if k not in self._images]
+        # the task id is a category, not a number: embedded (whether or not obs_keys lists it)
+        self._embed_task = cfg.task_embedding > 0 and len(env_spec.tasks) > 1 and TASK_KEY in env_spec.observation
+        self._flat = [k for k in cfg.obs_keys if k not in self._images and not (self._embed_task and k == TASK_KEY)]
         self.encoders = nn.ModuleDict({k: CNNEncoder(tuple(env_spec.observation[k].shape), cfg) for k in self._images})
         in_dim = sum(math.prod(env_spec.observation[k].shape) for k in self._flat) + cfg.cnn_features * len(self._images)
+        if self._embed_task:
+            self.task_embed = nn.Embedding(len(env_spec.tasks), cfg.task_embedding)
+            in_dim += cfg.task_embedding
         act = _ACTIVATIONS[cfg.activation]
         hidden = list(cfg.hidden_sizes)
         if env_spec.discrete:
@@ -125,11 +133,13 @@ class MLPPolicy(Policy):
         return x
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if len(self._keys) == 1 and not self._images:
-            x = obs[self._keys[0]]
+        if len(self._flat) == 1 and not self._images and not self._embed_task:
+            x = obs[self._flat[0]]
             return x.reshape(x.shape[0], -1).float()
         parts = [obs[k].reshape(obs[k].shape[0], -1).float() for k in self._flat]
         parts += [self.encoders[k](obs[k]) for k in self._images]
+        if self._embed_task:
+            parts.append(self.task_embed(obs[TASK_KEY].reshape(-1).long()))
         return torch.cat(parts, dim=-1)
 
     def _value(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,6 +150,15 @@ class MLPPolicy(Policy):
 
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(self._actor_layers, self.features(obs))
+
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
+        if self.env_spec.discrete:
+            return False
+        if std is not None:
+            with torch.no_grad():
+                self.log_std.fill_(math.log(std))
+        self.log_std.requires_grad_(trainable)
+        return True
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
         x = self.features(obs)

@@ -44,6 +44,9 @@ class PixelEnv:
             import mujoco
         except ImportError as exc:  # pragma: no cover - gymnasium[mujoco] brings it
             raise UserError(f"sim.obs=rgb needs the mujoco package: {exc}") from exc
+        from rlinf_cli.headless_gl import prepare_mujoco_gl
+
+        prepare_mujoco_gl()  # this may be a worker process that imported mujoco for another env
         base = self.env.env.unwrapped
         model = base.model
         model.vis.quality.offsamples = 0  # no multisampling: most of llvmpipe's cost at small sizes

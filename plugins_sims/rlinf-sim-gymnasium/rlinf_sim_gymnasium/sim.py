@@ -8,7 +8,6 @@ on the CPU (see :mod:`rlinf_sim_gymnasium.pixels`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -75,9 +74,9 @@ class GymnasiumSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(GymnasiumConfig, cfg, "sim")
         if self.cfg.obs != "state":
-            # before MuJoCo is first imported: it picks its GL backend at import time.
-            # EGL renders headless (Mesa's llvmpipe on a CPU-only machine); osmesa also works.
-            os.environ.setdefault("MUJOCO_GL", "egl")
+            from rlinf_cli.headless_gl import prepare_mujoco_gl
+
+            prepare_mujoco_gl()  # before MuJoCo is first imported: it picks its GL backend then
         env = self._make()
         try:
             self.spec = self._spec(env)
