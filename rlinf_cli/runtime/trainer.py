@@ -43,7 +43,8 @@ class _LeanStep:
     buffers. Elementwise arithmetic does not care how tensors are laid out, so the result equals
     torch's per-tensor loop bit for bit (torch's fused kernel does not). Larger models, or
     anything unusual (several param groups, amsgrad, maximize, a closure, a missing gradient,
-    several devices or dtypes), go through torch's step. State dicts are torch's own.
+    several devices or dtypes, parameters with no state yet or a different step count) go through
+    torch's step. State dicts are torch's own.
     """
 
     _decoupled = False
@@ -61,6 +62,10 @@ class _LeanStep:
                 or params[0].dtype != torch.float32:
             return None
         states = [self.state[p] for p in params]
+        if len({float(s["step"]) for s in states}) != 1:
+            # parameters that sat out some steps (a critic warm-up without the actor) keep their
+            # own bias corrections: torch's per-parameter step handles that
+            return None
         sizes = [p.numel() for p in params]
 
         def flat_of(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -83,7 +88,7 @@ class _LeanStep:
         params = group["params"]
         flat = getattr(self, "_flat", None)
         if closure is not None or len(self.param_groups) != 1 or group["amsgrad"] or group["maximize"] \
-                or not self.state or group.get("differentiable") or group.get("capturable") \
+                or len(self.state) < len(params) or group.get("differentiable") or group.get("capturable") \
                 or any(p.grad is None or p.grad.is_sparse for p in params):
             self._flat = None
             return super().step(closure)  # type: ignore[misc]
