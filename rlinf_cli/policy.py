@@ -49,6 +49,13 @@ class Policy(nn.Module):
         self.config = dict(plain(config))
         self.env_spec = env_spec
 
+    @property
+    def observation_keys(self) -> tuple[str, ...]:
+        """The observation entries the model reads; a simulator must provide these (and may give
+        more). Models that read a subset say so, so that e.g. a pixel policy cloned from
+        ``state_rgb`` demonstrations runs on ``rgb`` alone."""
+        return tuple(self.env_spec.observation)
+
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
         raise NotImplementedError
 
@@ -154,9 +161,11 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     return policy.to(device)
 
 
-def check_compatible(policy_spec: EnvSpec, env_spec: EnvSpec, where: str) -> None:
+def check_compatible(policy: Policy, env_spec: EnvSpec, where: str) -> None:
     """A policy trained for one observation/action layout cannot drive another."""
-    for key, spec in policy_spec.observation.items():
+    policy_spec = policy.env_spec
+    for key in policy.observation_keys:
+        spec = policy_spec.observation[key]
         got = env_spec.observation.get(key)
         if got is None:
             raise UserError(f"{where} expects observation '{key}' but the simulator gives {sorted(env_spec.observation)}")

@@ -101,3 +101,19 @@ def test_renders_after_mujoco_was_imported_without_a_gl_choice() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     shape, peak = out.stdout.split(")")
     assert shape.strip() == "(1, 24, 24, 3" and int(peak) > 0
+
+
+def test_a_pixel_policy_cloned_from_state_rgb_runs_on_rgb_alone() -> None:
+    # Experts read the state, so pixel demos are collected as state_rgb; the policy reads only the
+    # image, and must then run where the simulator gives no state. A state policy must not.
+    from rlinf_cli.policy import check_compatible
+    from rlinf_model_mlp.model import MLPPolicy
+
+    both = _sim(env_id="InvertedPendulum-v5", obs="state_rgb", image_size=32).spec
+    rgb_only = _sim(env_id="InvertedPendulum-v5", obs="rgb", image_size=32).spec
+    pixel_policy = MLPPolicy({"name": "mlp", "obs_keys": ["rgb"], "hidden_sizes": [8]}, both)
+    assert pixel_policy.observation_keys == ("rgb",)
+    check_compatible(pixel_policy, rgb_only, "checkpoint 'px'")
+    state_policy = MLPPolicy({"name": "mlp", "obs_keys": ["state"], "hidden_sizes": [8]}, both)
+    with pytest.raises(UserError, match="expects observation 'state'"):
+        check_compatible(state_policy, rgb_only, "checkpoint 'st'")

@@ -174,7 +174,7 @@ def checkpoint_actor(path: str, spec: EnvSpec, device: Any, deterministic: bool)
     from rlinf_cli.runtime.rollout import policy_actor
 
     policy = load_policy(path, device)
-    check_compatible(policy.env_spec, spec, f"checkpoint '{path}'")
+    check_compatible(policy, spec, f"checkpoint '{path}'")
     policy.eval()
     return policy, policy_actor(policy, spec, device, deterministic)
 

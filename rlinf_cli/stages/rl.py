@@ -20,7 +20,7 @@ def _build_policy(cfg: Any, spec: Any, device: Any) -> Any:
     source = cfg.resume or cfg.init
     if source:
         policy = load_policy(source, device)
-        check_compatible(policy.env_spec, spec, f"checkpoint '{source}'")
+        check_compatible(policy, spec, f"checkpoint '{source}'")
     else:
         policy = get_registry().load("model", cfg.model.name)(cfg.model, spec).to(device)
     # RL from a cloned policy (init=): cloning shrank its std until it barely explores, so it is

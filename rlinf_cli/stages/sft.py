@@ -56,7 +56,7 @@ def run(cfg: Any) -> dict[str, Any]:
     ctx = common.start(cfg, "sft", f"{(sim_node or {}).get('name', 'dataset')}-{cfg.model.name}")
     if cfg.init:
         policy = load_policy(cfg.init, ctx.device)
-        check_compatible(policy.env_spec, data.spec, f"checkpoint '{cfg.init}'")
+        check_compatible(policy, data.spec, f"checkpoint '{cfg.init}'")
     else:
         policy = get_registry().load("model", cfg.model.name)(cfg.model, data.spec).to(ctx.device)
     c = algo.config

@@ -121,6 +121,10 @@ class MLPPolicy(Policy):
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
         self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)] if cfg.critic else []
 
+    @property
+    def observation_keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self._keys, *([TASK_KEY] if self._embed_task else [])]))
+
     def _run(self, layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
         """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead."""
         if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
