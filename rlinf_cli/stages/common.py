@@ -272,8 +272,10 @@ def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
     return table
 
 
-def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: Any = None) -> Path:
-    """``result.json`` (+ the rendered table as ``eval_table.txt``) in the run dir and in MLflow."""
+def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: Any = None,
+                 curve: tuple[str, list[str], str] | None = None) -> Path:
+    """``result.json`` (+ the rendered table as ``eval_table.txt``, + ``learning_curve.png`` of
+    ``curve = (x_key, y_keys, title)``) in the run dir and in MLflow."""
     import json
 
     from rich.console import Console
@@ -288,4 +290,10 @@ def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: A
         rec.print(table)
         text.write_text(rec.export_text())
         tracker.log_artifact(text)
+    if curve is not None:
+        from rlinf_cli.tracking import plot_curve
+
+        png = plot_curve(tracker.history, curve[0], curve[1], ctx.run_dir / "learning_curve.png", curve[2])
+        if png is not None:
+            tracker.log_artifact(png)
     return out

@@ -51,7 +51,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
     from rlinf_cli.runtime.trainer import update
     from rlinf_cli.stages import rl_backend
-    from rlinf_cli.tracking import Tracker, plot_curve
+    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout == "supervised":
@@ -177,7 +177,7 @@ def run(cfg: Any) -> dict[str, Any]:
                   "env_steps": state["env_steps"], "iterations": state["iteration"],
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
         table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary}, f"rlinf rl: {_sim_label(cfg)}")
-        _write_artifacts(ctx, tracker, cfg, result, table, plot_curve)
+        _write_artifacts(ctx, tracker, cfg, result, table)
         if rank == 0:
             ctx.console.print(table)
             ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
@@ -227,9 +227,7 @@ def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any) -> dict[
     return common.summarize(episodes, sim.spec.has_success)
 
 
-def _write_artifacts(ctx: Any, tracker: Any, cfg: Any, result: dict[str, Any], table: Any, plot_curve: Any) -> None:
-    common.write_result(ctx, tracker, result, table)
-    curve = plot_curve(tracker.history, "env_steps", ["rollout/return_mean", "rollout/success_once", "eval/return_mean"],
-                       ctx.run_dir / "learning_curve.png", f"rlinf rl {cfg.algo.name} on {_sim_label(cfg)}")
-    if curve is not None:
-        tracker.log_artifact(curve)
+def _write_artifacts(ctx: Any, tracker: Any, cfg: Any, result: dict[str, Any], table: Any) -> None:
+    common.write_result(ctx, tracker, result, table,
+                        ("env_steps", ["rollout/return_mean", "rollout/success_once", "eval/return_mean"],
+                         f"rlinf rl {cfg.algo.name} on {_sim_label(cfg)}"))

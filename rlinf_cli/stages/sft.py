@@ -37,7 +37,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.policy import check_compatible, load_policy, obs_to_torch
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.trainer import make_optimizer, set_lr
-    from rlinf_cli.tracking import Tracker, plot_curve
+    from rlinf_cli.tracking import Tracker
     from omegaconf import OmegaConf
 
     data = ds.load(cfg.dataset)
@@ -132,10 +132,7 @@ def run(cfg: Any) -> dict[str, Any]:
                   "best_loss": best[0], "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx)),
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
         table = common.eval_table({f"sft {cfg.model.name} (best epoch {best[1]})": summary}, "rlinf sft") if summary else None
-        common.write_result(ctx, tracker, result, table)
-        curve = plot_curve(tracker.history, "epoch", ["train/loss", "val/loss"], ctx.run_dir / "learning_curve.png", "rlinf sft")
-        if curve is not None:
-            tracker.log_artifact(curve)
+        common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"))
         if table is not None:
             ctx.console.print(table)
         ctx.note(f"run: {ctx.run_dir}  best checkpoint: {best_dir} (epoch {best[1]}, loss {best[0]:.4f})")

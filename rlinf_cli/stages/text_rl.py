@@ -27,7 +27,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime import distributed, text
-    from rlinf_cli.tracking import Tracker, plot_curve
+    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout != "episodes" or not hasattr(algo, "outcome_advantages"):
@@ -130,11 +130,8 @@ def run(cfg: Any) -> dict[str, Any]:
         if rank == 0:
             table = tc.summary_table({f"{cfg.algo.name} ({state['iteration']} iterations)": summary},
                                      f"rlinf rl: {cfg.sim.name} (held-out seeds {cfg.eval.seed}..)")
-            common.write_result(ctx, tracker, result, table)
-            curve = plot_curve(tracker.history, "iteration", ["rollout/reward_mean", "eval/accuracy"],
-                               ctx.run_dir / "learning_curve.png", f"rlinf rl {cfg.algo.name} on {cfg.sim.name}")
-            if curve is not None:
-                tracker.log_artifact(curve)
+            common.write_result(ctx, tracker, result, table, ("iteration", ["rollout/reward_mean", "eval/accuracy"],
+                                                              f"rlinf rl {cfg.algo.name} on {cfg.sim.name}"))
             if summary:
                 ctx.console.print(table)
                 ctx.console.print(tc.examples_table(examples, int(cfg.text.examples)))

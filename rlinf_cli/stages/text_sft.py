@@ -71,7 +71,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.progress import Progress
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime import distributed
-    from rlinf_cli.tracking import Tracker, plot_curve
+    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout != "supervised":
@@ -176,10 +176,7 @@ def run(cfg: Any) -> dict[str, Any]:
                   "val_examples": int(n_val), "dropped": dropped, "seconds": round(time.time() - ctx.started, 2),
                   "eval": summary, "examples": tc.examples_json(examples, 8), "mlflow_run_id": tracker.run_id}
         table = tc.summary_table({f"sft {cfg.model.name} (best epoch {best[1]})": summary}, "rlinf sft") if summary else None
-        common.write_result(ctx, tracker, result, table)
-        curve = plot_curve(tracker.history, "epoch", ["train/loss", "val/loss"], ctx.run_dir / "learning_curve.png", "rlinf sft")
-        if curve is not None:
-            tracker.log_artifact(curve)
+        common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"))
         if table is not None:
             ctx.console.print(table)
             ctx.console.print(tc.examples_table(examples, 8))
