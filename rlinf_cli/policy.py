@@ -69,6 +69,15 @@ class Policy(nn.Module):
         """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
         raise NotImplementedError(f"{type(self).__name__} has no mean_action")
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Parameters that only the value estimate uses (by default those under ``critic.``).
+
+        A critic warm-up under a cloned actor updates these alone: a shared image encoder or task
+        embedding trained on the value loss would change the actor's features, and with them the
+        behaviour the warm-up exists to protect.
+        """
+        return [p for name, p in self.named_parameters() if name.startswith("critic.")]
+
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
         """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
         trainable or fixed; False if the policy has no such noise.

@@ -23,6 +23,12 @@ from rlinf_cli.runtime.rollout import Rollout
 
 def make_optimizer(policy: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
     params = [p for p in policy.parameters() if p.requires_grad]
+    # warm-up: gradients of shared parts (image encoder, task embedding) are dropped, so the
+    # optimizer (torch's Adam skips a None gradient) leaves everything the actor reads as it was
+    frozen = [] if train_actor else [p for p in params if all(p is not c for c in policy.critic_parameters())]
+    # a training engine owns its gradients (partitioned under ZeRO): zero them on the way in
+    # instead; a fresh optimizer's moments stay 0, so those parameters do not move either
+    hooks = [p.register_hook(torch.zeros_like) for p in frozen] if engine is not None else []
     if getattr(cfg, "weight_decay", 0.0):
         return LeanAdamW(params, lr=cfg.lr, eps=1e-5, weight_decay=cfg.weight_decay)
     return LeanAdam(params, lr=cfg.lr, eps=1e-5)
@@ -163,7 +169,8 @@ def update(
     clips, steps, zeroes and, across processes, averages gradients). Under torchrun every rank
     calls this on its own rollout; the epoch diagnostics that decide early stopping are
     averaged over ranks so that all ranks run the same number of steps.
-    ``train_actor=False`` trains the critic only (warming up a critic under a cloned actor).
+    ``train_actor=False`` trains the critic only (warming up a critic under a cloned actor): the
+    value loss, stepping :meth:`Policy.critic_parameters` alone.
     """
     engine = optimizer if hasattr(optimizer, "backward") and hasattr(optimizer, "step") \
         and not isinstance(optimizer, torch.optim.Optimizer) else None
@@ -184,6 +191,12 @@ def update(
         return {"train/samples": 0.0}
     mb_size = min(cfg.minibatch_size, n)
     params = [p for p in policy.parameters() if p.requires_grad]
+    # warm-up: gradients of shared parts (image encoder, task embedding) are dropped, so the
+    # optimizer (torch's Adam skips a None gradient) leaves everything the actor reads as it was
+    frozen = [] if train_actor else [p for p in params if all(p is not c for c in policy.critic_parameters())]
+    # a training engine owns its gradients (partitioned under ZeRO): zero them on the way in
+    # instead; a fresh optimizer's moments stay 0, so those parameters do not move either
+    hooks = [p.register_hook(torch.zeros_like) for p in frozen] if engine is not None else []
     names: list[str] | None = None
     total: torch.Tensor | None = None
     count = 0
@@ -212,6 +225,8 @@ def update(
             else:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                for p in frozen:
+                    p.grad = None
                 if cfg.max_grad_norm is not None:
                     stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm)
                 optimizer.step()
@@ -231,6 +246,8 @@ def update(
         epoch_means = dict(zip(names, epoch_mean.tolist()))
         if algo.stop_early(epoch_means):
             break
+    for h in hooks:
+        h.remove()
     policy.eval()
     means = (total / max(count, 1)).tolist() if total is not None else []
     metrics = {f"train/{k}": v for k, v in zip(names or [], means) if not k.endswith("_raw")}

@@ -176,10 +176,12 @@ def run(cfg: Any) -> dict[str, Any]:
         result = {"stage": "rl", "run_dir": str(ctx.run_dir), "checkpoint": str(final_dir),
                   "env_steps": state["env_steps"], "iterations": state["iteration"],
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
-        table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary}, f"rlinf rl: {_sim_label(cfg)}")
+        table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary},
+                                  f"rlinf rl: {_sim_label(cfg)}") if summary else None  # eval.episodes=0: no table
         _write_artifacts(ctx, tracker, cfg, result, table)
         if rank == 0:
-            ctx.console.print(table)
+            if table is not None:
+                ctx.console.print(table)
             ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
     return result
 

@@ -1,0 +1,75 @@
+"""The lean PPO update: LeanAdam equals torch's Adam bit for bit; a critic warm-up moves only the critic."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_cli.runtime.trainer import LeanAdam
+
+
+def _pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    b = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _run(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, frozen_until: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        x = torch.randn(8, 5, generator=g)
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        if i < frozen_until:  # like a critic warm-up: the first layer gets no gradient
+            out = model[2](model[1](model[0](x).detach()))
+        out.pow(2).mean().backward()
+        opt.step()
+
+
+def test_lean_adam_is_bit_identical_to_torch_adam() -> None:
+    a, b = _pair()
+    _run(a, torch.optim.Adam(a.parameters(), lr=1e-2, eps=1e-5), 12, 0)
+    lean = LeanAdam(b.parameters(), lr=1e-2, eps=1e-5)
+    _run(b, lean, 12, 0)
+    assert lean._flat is not None  # the flat path really ran
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_parameters_that_sat_out_steps_keep_their_own_adam_step() -> None:
+    a, b = _pair()
+    _run(a, torch.optim.Adam(a.parameters(), lr=1e-2), 8, 3)
+    _run(b, LeanAdam(b.parameters(), lr=1e-2), 8, 3)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
+    # A pixel policy's CNN encoder is shared by actor and critic: a warm-up on the value loss
+    # alone must not move it (it once turned a 100% cloned pixel policy into 0%).
+    from rlinf_algos.ppo import PPO
+    from rlinf_cli.api import ArraySpec, EnvSpec
+    from rlinf_cli.runtime.rollout import Rollout
+    from rlinf_cli.runtime.trainer import update
+    from rlinf_model_mlp.model import MLPPolicy
+
+    spec = EnvSpec({"rgb": ArraySpec((16, 16, 3), "uint8", 0, 255), "state": ArraySpec((3,), "float32")},
+                   ArraySpec((2,), "float32", -1.0, 1.0))
+    torch.manual_seed(0)
+    policy = MLPPolicy({"name": "mlp", "obs_keys": ["rgb", "state"], "hidden_sizes": [16],
+                        "cnn_channels": [4], "cnn_kernels": [4], "cnn_strides": [2], "cnn_features": 8}, spec)
+    T, N = 8, 4
+    g = torch.Generator().manual_seed(0)
+    obs = {"rgb": torch.randint(0, 255, (T, N, 16, 16, 3), generator=g, dtype=torch.uint8),
+           "state": torch.randn(T, N, 3, generator=g)}
+    with torch.no_grad():
+        out = policy.act({k: v.reshape(T * N, *v.shape[2:]) for k, v in obs.items()})
+    ro = Rollout(obs, out.action.reshape(T, N, 2), out.logprob.reshape(T, N), out.value.reshape(T, N),
+                 torch.randn(T, N, generator=g), torch.zeros(T, N), torch.zeros(T, N), torch.ones(T, N), torch.zeros(N))
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    algo = PPO.from_config({"name": "ppo", "epochs": 2, "minibatch_size": 16})
+    update(policy, LeanAdam(policy.parameters(), lr=1e-2), algo, ro, torch.Generator().manual_seed(1), train_actor=False)
+    after = policy.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith("critic.") for k in moved), moved
