@@ -23,12 +23,6 @@ from rlinf_cli.runtime.rollout import Rollout
 
 def make_optimizer(policy: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
     params = [p for p in policy.parameters() if p.requires_grad]
-    # warm-up: gradients of shared parts (image encoder, task embedding) are dropped, so the
-    # optimizer (torch's Adam skips a None gradient) leaves everything the actor reads as it was
-    frozen = [] if train_actor else [p for p in params if all(p is not c for c in policy.critic_parameters())]
-    # a training engine owns its gradients (partitioned under ZeRO): zero them on the way in
-    # instead; a fresh optimizer's moments stay 0, so those parameters do not move either
-    hooks = [p.register_hook(torch.zeros_like) for p in frozen] if engine is not None else []
     if getattr(cfg, "weight_decay", 0.0):
         return LeanAdamW(params, lr=cfg.lr, eps=1e-5, weight_decay=cfg.weight_decay)
     return LeanAdam(params, lr=cfg.lr, eps=1e-5)
