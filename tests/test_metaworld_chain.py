@@ -117,3 +117,21 @@ def test_collect_with_action_noise(cli, workdir):
     assert np.abs(clean.actions[:n] - noisy.actions[:n]).mean() > 0.1
     assert np.abs(noisy.actions).max() <= 1.0  # noise is clipped to the action bounds
     assert noisy.meta["successes"] >= 3
+
+
+def test_pipeline_command_runs_the_whole_loop(cli, workdir):
+    # `make demo` is this command with real budgets; here every stage runs on a tiny one
+    res = cli("pipeline", *SIM, *QUIET, "runs_dir=runs", "collect.episodes=2", "collect.num_envs=2", "sft.algo.epochs=3",
+              "rl.total_steps=256", "rl.num_envs=2", "rl.algo.rollout_steps=32", "rl.algo.critic_warmup_iters=1",
+              "eval.episodes=2")
+    assert res.code == 0, res.err
+    (root,) = (workdir / "runs" / "pipeline").iterdir()
+    summary = json.loads((root / "summary.json").read_text())
+    assert list(summary["eval"]) == ["random", "expert", "sft", "sft + rl"]
+    assert summary["eval"]["expert"]["success_once"] == 1.0  # the scripted expert solves reach-v3
+    for row in summary["eval"].values():
+        assert row["episodes"] == 2 and 0.0 <= row["success_once"] <= 1.0
+    for step in ("collect", "sft", "rl"):
+        assert (root / step / "result.json").is_file()
+    assert (root / "rl" / "checkpoints" / "final" / "model.safetensors").is_file()
+    assert "rlinf pipeline: metaworld reach-v3" in res.out
