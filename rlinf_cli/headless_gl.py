@@ -1,4 +1,5 @@
-"""Headless OpenGL for MuJoCo-based simulators (pixel observations on machines with no display).
+"""Headless OpenGL for MuJoCo-based simulators (pixel observations on machines with no display),
+and the lean offscreen renderer they share.
 
 MuJoCo picks its GL backend from ``MUJOCO_GL`` once, when ``mujoco`` is first imported; its
 default (GLFW) needs a display. A process that imported mujoco for a state-only env earlier
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 def prepare_mujoco_gl() -> None:
@@ -42,3 +44,33 @@ def prepare_mujoco_gl() -> None:
     except (ImportError, RuntimeError):
         return  # the library is missing: the renderer's own error names what to install
     gl_context.GLContext = GLContext  # type: ignore[attr-defined]
+
+
+def lean_renderer(model: Any, height: int, width: int) -> Any:
+    """A ``mujoco.Renderer`` for ``model`` with what costs most on a CPU turned off.
+
+    Multisampling, shadows, reflections and the skybox make up most of an offscreen frame's cost
+    under Mesa's llvmpipe at policy-sized images (``env.render()`` keeps them all on). The
+    model's offscreen buffer is enlarged to the image size if needed. A GL failure becomes one
+    :class:`~rlinf_cli.errors.UserError` that says what to install.
+    """
+    prepare_mujoco_gl()  # this may be a worker process that imported mujoco for another env
+    import mujoco
+
+    from rlinf_cli.errors import UserError
+
+    model.vis.quality.offsamples = 0
+    model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), width)
+    model.vis.global_.offheight = max(int(model.vis.global_.offheight), height)
+    try:
+        renderer = mujoco.Renderer(model, height, width)
+    except Exception as exc:  # GL errors come as several exception types
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(
+            f"offscreen rendering failed with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} ({type(exc).__name__}: {first}); "
+            "install EGL (apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6, MUJOCO_GL=osmesa), "
+            "or use sim.obs=state") from exc
+    flags = renderer.scene.flags
+    for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+        flags[flag] = False
+    return renderer

@@ -159,11 +159,21 @@ class Tracker:
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after the checkpoint a run resumes from (they will be logged again)."""
+    """Drop rows logged after the checkpoint a run resumes from (they will be logged again),
+    and a last line the killed run left half-written."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in keep))
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= last_step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)  # atomic: an interrupted resume leaves the old file whole
 
 
 def plot_curve(history: list[dict[str, float]], x: str, ys: list[str], path: Path, title: str) -> Path | None:

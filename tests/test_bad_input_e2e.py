@@ -90,3 +90,13 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
     rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "train/epochs" in r]
     assert steps == sorted(set(steps))  # iterations after the checkpoint were dropped, not duplicated
+
+
+def test_resume_drops_a_metrics_line_the_killed_run_left_half_written(tmp_path):
+    # SIGKILL can land mid-write; resuming must not trip over the torn last line
+    from rlinf_cli.tracking import _truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1024, "a": 1}\n{"step": 2048, "a": 2}\n{"step": 3072, "a": 3}\n{"step": 40')
+    _truncate_metrics(path, 2048)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1024, 2048]

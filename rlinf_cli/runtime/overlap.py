@@ -93,7 +93,7 @@ class OverlappedRunner:
         self._reply()
 
     def _reply(self) -> Any:
-        from rlinf_cli.runtime.workers import EnvWorkerError
+        from rlinf_cli.runtime.workers import EnvWorkerError, last_line
 
         try:
             status, payload = self.conn.recv()
@@ -101,7 +101,7 @@ class OverlappedRunner:
             self.proc.join(timeout=1)
             raise EnvWorkerError(f"the rollout process died (exit code {self.proc.exitcode})") from None
         if status == "error":
-            raise EnvWorkerError(f"the rollout process failed: {str(payload).strip().splitlines()[-1]}")
+            raise EnvWorkerError(f"the rollout process failed: {last_line(payload, 'unknown error')}")
         return payload
 
     def _request(self, num_steps: int) -> None:

@@ -187,7 +187,8 @@ def update(
     params = [p for p in policy.parameters() if p.requires_grad]
     # warm-up: gradients of shared parts (image encoder, task embedding) are dropped, so the
     # optimizer (torch's Adam skips a None gradient) leaves everything the actor reads as it was
-    frozen = [] if train_actor else [p for p in params if all(p is not c for c in policy.critic_parameters())]
+    critic = set() if train_actor else {id(p) for p in policy.critic_parameters()}
+    frozen = [] if train_actor else [p for p in params if id(p) not in critic]
     # a training engine owns its gradients (partitioned under ZeRO): zero them on the way in
     # instead; a fresh optimizer's moments stay 0, so those parameters do not move either
     hooks = [p.register_hook(torch.zeros_like) for p in frozen] if engine is not None else []

@@ -63,6 +63,27 @@ def plan_shards(num_envs: int, num_workers: int, num_groups: int) -> list[Shard]
     return shards
 
 
+def plan_layout(rt: Any, num_envs: int) -> tuple[int, int, list[Shard]]:
+    """``(workers, pipeline stages, shards)`` for a resolved :class:`~rlinf_cli.runtime.placement.RuntimeConfig`
+    (every executor places envs the same way)."""
+    from rlinf_cli.runtime.placement import num_workers
+
+    workers = num_workers(rt, num_envs)
+    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
+    return workers, stages, plan_shards(num_envs, workers, stages)
+
+
+def worker_shards(shards: Sequence[Shard], worker: int) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` env ranges worker ``worker`` hosts, in shard order."""
+    return [(s.lo, s.hi) for s in shards if s.worker == worker]
+
+
+def last_line(text: Any, default: str) -> str:
+    """The last line of a remote traceback or error text: the exception itself."""
+    t = str(text).strip()
+    return t.splitlines()[-1] if t else default
+
+
 class Reply(NamedTuple):
     """What a worker returns for one shard request (small; observations may travel apart)."""
 
@@ -330,7 +351,7 @@ class WorkerVecEnv:
         try:
             return handle.result(ticket)
         except RemoteError as exc:
-            last = str(exc.args[0]).strip().splitlines()[-1] if exc.args else "unknown error"
+            last = last_line(exc.args[0] if exc.args else "", "unknown error")
             raise EnvWorkerError(f"env worker {s.worker} (envs {s.lo}-{s.hi - 1}) failed in {what}: {last}") from exc
         except WorkerDied as exc:
             return self._recover(s.worker, sid, what, str(exc))

@@ -49,6 +49,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
+    from rlinf_cli.runtime.vector import SyncVecEnv
     from rlinf_cli.runtime.trainer import update
     from rlinf_cli.stages import rl_backend
     from rlinf_cli.tracking import Tracker
@@ -106,7 +107,7 @@ def run(cfg: Any) -> dict[str, Any]:
     choice = getattr(executor, "choice", None)
     if choice is not None:  # runtime.mode=auto: say what the probe chose and why
         ctx.note(choice.reason)
-    if type(env).__name__ not in ("SyncVecEnv", "OverlappedRunner"):  # envs outside this process: say where
+    if not overlap and not isinstance(env, SyncVecEnv):  # envs outside this process: say where
         ctx.note(f"runtime: {executor.describe()}")
     tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
@@ -178,7 +179,9 @@ def run(cfg: Any) -> dict[str, Any]:
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
         table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary},
                                   f"rlinf rl: {_sim_label(cfg)}") if summary else None  # eval.episodes=0: no table
-        _write_artifacts(ctx, tracker, cfg, result, table)
+        common.write_result(ctx, tracker, result, table,
+                            ("env_steps", ["rollout/return_mean", "rollout/success_once", "eval/return_mean"],
+                             f"rlinf rl {cfg.algo.name} on {_sim_label(cfg)}"))
         if rank == 0:
             if table is not None:
                 ctx.console.print(table)
@@ -227,9 +230,3 @@ def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any) -> dict[
     episodes = common.evaluate(policy_actor(policy, sim.spec, ctx.device, bool(cfg.eval.deterministic)), sim, executor,
                                int(cfg.eval.episodes), int(cfg.eval.seed), int(cfg.num_envs))
     return common.summarize(episodes, sim.spec.has_success)
-
-
-def _write_artifacts(ctx: Any, tracker: Any, cfg: Any, result: dict[str, Any], table: Any) -> None:
-    common.write_result(ctx, tracker, result, table,
-                        ("env_steps", ["rollout/return_mean", "rollout/success_once", "eval/return_mean"],
-                         f"rlinf rl {cfg.algo.name} on {_sim_label(cfg)}"))

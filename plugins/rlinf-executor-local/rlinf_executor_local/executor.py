@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from rlinf_cli.api import Simulator, VecEnv
 from rlinf_cli.runtime import placement
 from rlinf_cli.runtime.vector import SyncVecEnv
-from rlinf_cli.runtime.workers import EnvWorkerError, RemoteError, SharedObs, WorkerDied, WorkerVecEnv, plan_shards
+from rlinf_cli.runtime.workers import (EnvWorkerError, RemoteError, SharedObs, WorkerDied, WorkerVecEnv, last_line,
+                                      plan_layout, worker_shards)
 
 # Below this many observation bytes per step, pickling through the pipe costs less than the
 # extra copy and bookkeeping of shared memory.
@@ -34,20 +35,18 @@ class LocalExecutor:
         if rt.mode == "collocated":
             self._placement = "local, collocated (envs stepped in this process)"
             return SyncVecEnv(simulator, range(num_envs), autoreset=autoreset)
-        workers = placement.num_workers(rt, num_envs)
-        stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
-        shards = plan_shards(num_envs, workers, stages)
+        workers, stages, shards = plan_layout(rt, num_envs)
         shm = self._shared_memory(rt, simulator, num_envs)
         from rlinf_executor_local.procs import start_workers
 
-        per_worker = [[(s.lo, s.hi) for s in shards if s.worker == w] for w in range(workers)]
+        per_worker = [worker_shards(shards, w) for w in range(workers)]
         try:
             handles = start_workers(simulator, per_worker, autoreset, rt.codec, shm.name if shm else None, num_envs,
                                     rt.start_method, rt.worker_timeout_s)
         except (RemoteError, WorkerDied) as exc:
             if shm is not None:
                 shm.close()
-            last = str(exc.args[0]).strip().splitlines()[-1] if exc.args else type(exc).__name__
+            last = last_line(exc.args[0] if exc.args else "", type(exc).__name__)
             raise EnvWorkerError(f"an env worker failed to create its envs: {last}") from exc
         transport = "shared memory" if shm else f"pipe, obs_compression={rt.obs_compression}" + (
             "+xor-delta" if rt.obs_delta else "")

@@ -17,7 +17,8 @@ from rlinf_cli import settings
 from rlinf_cli.api import Simulator, VecEnv
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime import placement
-from rlinf_cli.runtime.workers import EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, plan_shards
+from rlinf_cli.runtime.workers import (EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, last_line,
+                                      plan_layout, worker_shards)
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,7 @@ class RayExecutor:
                                       "anyway (synchronously): use executor=local to keep them in this process")
         rt = self._resolved
         hybrid = rt.mode == "hybrid"
-        workers = placement.num_workers(rt, num_envs)
-        stages = min(rt.pipeline_stages, num_envs) if hybrid else 1
-        shards = plan_shards(num_envs, workers, stages)
+        workers, stages, shards = plan_layout(rt, num_envs)
         ray = self._init(workers)
         env_vars = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         if "MUJOCO_GL" in os.environ:
@@ -171,15 +170,14 @@ class RayExecutor:
         handles = []
         try:
             for w in range(workers):
-                mine = [(s.lo, s.hi) for s in shards if s.worker == w]
-                handles.append(RayWorker(w, actor_cls, (simulator, mine, autoreset, rt.codec, None, num_envs),
+                handles.append(RayWorker(w, actor_cls, (simulator, worker_shards(shards, w), autoreset, rt.codec, None, num_envs),
                                          {"env_vars": env_vars}, rt.worker_timeout_s))
             for h in handles:
                 h.wait_ready()
         except (RemoteError, WorkerDied) as exc:
             for h in handles:
                 h.close()
-            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            last = last_line(exc, type(exc).__name__)
             raise EnvWorkerError(f"a Ray env worker failed to create its envs: {last}") from exc
         where = self.cfg.address or "local Ray instance"
         label = (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {num_envs} envs in {workers} actor(s)"

@@ -44,24 +44,11 @@ class PixelEnv:
             import mujoco
         except ImportError as exc:  # pragma: no cover - gymnasium[mujoco] brings it
             raise UserError(f"sim.obs=rgb needs the mujoco package: {exc}") from exc
-        from rlinf_cli.headless_gl import prepare_mujoco_gl
+        from rlinf_cli.headless_gl import lean_renderer
 
-        prepare_mujoco_gl()  # this may be a worker process that imported mujoco for another env
         base = self.env.env.unwrapped
         model = base.model
-        model.vis.quality.offsamples = 0  # no multisampling: most of llvmpipe's cost at small sizes
-        model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), self.size)
-        model.vis.global_.offheight = max(int(model.vis.global_.offheight), self.size)
-        try:
-            self._renderer = mujoco.Renderer(model, self.size, self.size)
-        except Exception as exc:
-            import os
-
-            raise UserError(f"offscreen rendering failed with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}: {exc}. "
-                            "Install EGL (apt-get install libegl1) or OSMesa (libosmesa6 with MUJOCO_GL=osmesa)") from exc
-        flags = self._renderer.scene.flags
-        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
-            flags[flag] = 0
+        self._renderer = lean_renderer(model, self.size, self.size)
         if self.camera is not None:
             self._cam = self.camera
             return

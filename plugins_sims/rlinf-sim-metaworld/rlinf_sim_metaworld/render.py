@@ -33,22 +33,12 @@ class FastRenderer:
     """RGB frames of one camera of one MuJoCo model, as ``[H, W, 3]`` uint8, upright."""
 
     def __init__(self, model: Any, camera: str, height: int, width: int):
-        import mujoco
+        from rlinf_cli.headless_gl import lean_renderer
 
         names = [model.camera(i).name for i in range(model.ncam)]
         if camera not in names:
             raise UserError(f"sim.camera '{camera}' does not exist; this scene has cameras {names}")
-        model.vis.quality.offsamples = 0  # no multisampling: the biggest single cost on a CPU
-        try:
-            self.renderer = mujoco.Renderer(model, height, width)
-        except Exception as exc:  # GL errors come as several exception types
-            raise UserError(
-                f"offscreen rendering failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                "set MUJOCO_GL=egl (needs libEGL) or MUJOCO_GL=osmesa (apt-get install libosmesa6), or use sim.obs=state"
-            ) from exc
-        flags = self.renderer.scene.flags
-        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
-            flags[flag] = False
+        self.renderer = lean_renderer(model, height, width)
         self.camera = camera
         self.flip = camera in UPSIDE_DOWN
         if not _close_all.__dict__.get("registered"):
