@@ -73,7 +73,6 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli import __version__
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
-    from rlinf_cli.tracking import Tracker
 
     sim = common.make_simulator(cfg.sim)
     provenance = {
@@ -96,8 +95,7 @@ def run(cfg: Any) -> dict[str, Any]:
     env = executor.make_vec_env(sim, n, autoreset=False)
     from rlinf_cli.runtime.rollout import run_episodes
 
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "collect", common.plugin_tags(cfg)) as tracker, \
+    with ctx.track(cfg, common.plugin_tags(cfg)) as tracker, \
             Progress(ctx.log, f"collect {cfg.policy}", want, "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
         try:

@@ -62,14 +62,13 @@ def run(args: list[str]) -> dict[str, Any]:
     if sim_modality(probe.sim) == "text":
         raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{probe.sim.name}' run "
                         "collect, sft, rl and eval (see docs/llm.md)")
-    root = Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
+    root = common.create_unique(Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S"))
     console = Console()
     results: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
 
     def stage(step: str, extra: list[str]) -> dict[str, Any]:
-        overrides = routed[step] + extra + [f"run_dir={root / step}"]
+        overrides = routed[step] + [f"run_dir={root / step}"] + extra  # extra may name its own run_dir
         name = _STAGE_OF[step]
         cfg = compose(name, overrides, inherited_overrides(name, overrides))
         console.rule(f"[bold]{step}")

@@ -21,7 +21,6 @@ from rlinf_cli.stages import common, text_common as tc
 def run_eval(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
-    from rlinf_cli.tracking import Tracker
 
     import torch
 
@@ -33,8 +32,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     policy = tc.build_policy(cfg, source, ctx.device)
     t = cfg.text
     n = int(cfg.episodes)
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
                                             "rlinf.modality": "text"}) as tracker, \
             Progress(ctx.log, "eval", n, "prompts", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
