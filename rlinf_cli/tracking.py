@@ -75,7 +75,7 @@ class Tracker:
                 _check_writable(db, uri)
             # Creating (migrating) a sqlite store is not safe from two processes at once: runs
             # started together take turns here. Later writes are single transactions.
-            with locked(db.with_name(db.name + ".lock")) if db is not None else contextlib.nullcontext():
+            with locked(db.with_name(f".{db.name}.lock")) if db is not None else contextlib.nullcontext():
                 client = MlflowClient(tracking_uri=uri)
                 if resume_run_id is not None and self._resume(client, resume_run_id):
                     return
