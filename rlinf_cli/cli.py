@@ -106,11 +106,24 @@ def config_show(
     ctx: typer.Context,
     stage: str = typer.Argument(..., help="collect | sft | rl | eval"),
     algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name (sugar for algo=NAME; rl and sft)"),
+    diff: Optional[str] = typer.Option(
+        None, "--diff", metavar="OLD[..NEW]",
+        help="Instead, print which defaults of STAGE changed from release OLD to NEW (default: this install), "
+             "for the groups picked in the overrides (e.g. --diff 0.1.0 sim=metaworld)."),
 ) -> None:
-    """Print the composed config of STAGE with the given overrides applied."""
+    """Print the composed config of STAGE with the given overrides applied.
+
+    Example: rlinf config show rl --algo grpo algo.group_size=16
+    """
+    overrides = ([f"algo={algo}"] if algo else []) + list(ctx.args)
+    if diff is not None:
+        from rlinf_cli.confhistory import report
+
+        typer.echo(report(stage, diff, overrides))
+        return
     from rlinf_cli.config import to_yaml
 
-    cfg = _compose(stage, ([f"algo={algo}"] if algo else []) + list(ctx.args))
+    cfg = _compose(stage, overrides)
     typer.echo(to_yaml(cfg), nl=False)
 
 

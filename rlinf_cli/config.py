@@ -138,6 +138,11 @@ def _checked(base: Any, ov: Any) -> str:
     except MissingMandatoryValue:  # a mandatory `???` key: it exists, any value will do
         old = None
     if old is _MISSING:
+        from rlinf_cli.confhistory import renamed_key_message
+
+        renamed = renamed_key_message(key)
+        if renamed:
+            raise UserError(renamed)
         keys = _flat_keys(OmegaConf.to_container(base, resolve=False))
         close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
         hint = f" Did you mean '{close[0]}'?" if close else " See `rlinf config show` for the keys."
@@ -306,4 +311,19 @@ def inherited_overrides(stage: str, overrides: Iterable[str]) -> list[str]:
         for key, value in saved.items():
             if key not in skip:
                 out.extend(node_overrides(key, value))
+    return _renamed_saved_keys(out)
+
+
+def _renamed_saved_keys(overrides: list[str]) -> list[str]:
+    """A checkpoint saved before a key was renamed: carry its values over to the new key names."""
+    from rlinf_cli.confhistory import renames, translate
+
+    table = renames()
+    if not table:
+        return overrides
+    out = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        plus = key[: len(key) - len(key.lstrip("+"))]
+        out.append(f"{plus}{translate(key.lstrip('+'), table)}{sep}{value}" if sep else ov)
     return out

@@ -12,6 +12,20 @@ from rlinf_cli.errors import UserError
 KIND_PREFIX = {"simulator": "rlinf-sim-", "model": "rlinf-model-", "algorithm": "rlinf-algo-"}
 
 
+def core_requirement(version: str | None = None) -> str:
+    """The dependency a plugin declares on the core: this release series and no later one.
+
+    Plugins import the core's API (``rlinf_cli.api``, ``policy``, ``algorithm``), which may change
+    between minor releases while the major version is 0 (and between major releases after that).
+    """
+    from rlinf_cli import DISTRIBUTION, __version__
+
+    parts = [int(p) for p in re.findall(r"\d+", version or __version__)[:2]] + [0, 0]
+    major, minor = parts[0], parts[1]
+    upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
+    return f"{DISTRIBUTION}>={major}.{minor},<{upper}"
+
+
 def new_plugin(name: str, kind: str, directory: str | Path) -> Path:
     if kind not in KIND_PREFIX:
         raise UserError(f"unknown plugin kind '{kind}'; choose one of {', '.join(KIND_PREFIX)}")
@@ -22,7 +36,7 @@ def new_plugin(name: str, kind: str, directory: str | Path) -> Path:
     target = Path(directory) / dist
     if target.exists():
         raise UserError(f"'{target}' already exists; pick another name or directory")
-    values = {"{{name}}": name, "{{package}}": package, "{{dist}}": dist}
+    values = {"{{name}}": name, "{{package}}": package, "{{dist}}": dist, "{{core_requirement}}": core_requirement()}
     template = resources.files("rlinf_cli.templates") / "plugin" / kind
     with resources.as_file(template) as src:
         for path in sorted(Path(src).rglob("*")):

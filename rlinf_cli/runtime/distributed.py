@@ -151,7 +151,7 @@ class DeepSpeedEngine(Engine):
         try:
             import deepspeed
         except ImportError as exc:
-            raise UserError("train.backend=deepspeed needs DeepSpeed: pip install 'rlinf[deepspeed]'") from exc
+            raise UserError("train.backend=deepspeed needs DeepSpeed: pip install 'rlinf-cli[deepspeed]'") from exc
         on_cpu = accelerator is None or accelerator.device().type == "cpu"
         if on_cpu:  # DeepSpeed JIT-compiles a shared-memory comm op (~3 min) on CPU; gloo does that job
             import deepspeed.ops
