@@ -299,20 +299,27 @@ def index_status(name: str, timeout: float = 30) -> tuple[str, str]:
 
     from pip._internal.models.index import PyPI
 
-    url = f"{PyPI.simple_url}/{normalize(name)}/"
+    def page_status(project: str) -> int:
+        url = f"{PyPI.simple_url}/{project}/"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=timeout) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=timeout) as r:
-            page = f"simple page {r.status}"
-    except urllib.error.HTTPError as exc:
-        page = f"simple page {exc.code}"
+        # the name, and the name without separators (the index refuses names equal after removing them)
+        codes = {normalize(name): page_status(normalize(name)), normalize(name).replace("-", ""): 0}
+        codes[normalize(name).replace("-", "")] = page_status(normalize(name).replace("-", ""))
     except (urllib.error.URLError, OSError) as exc:
         return "unknown", f"index unreachable ({exc})"
+    page = "; ".join(f"simple page of {k}: {v}" for k, v in codes.items())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     res = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "--isolated", "--index-url",
                           PyPI.simple_url, name], capture_output=True, text=True, timeout=120, env=env)
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip() and "experimental" not in ln]
     versions = lines[0].strip() if lines else f"exit {res.returncode}"
-    if page.endswith("404") and res.returncode != 0:
+    if all(code == 404 for code in codes.values()) and res.returncode != 0:
         return "free", f"{page}; pip index versions: {versions}"
     return "taken", f"{page}; pip index versions: {versions}"
 
@@ -338,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--outdir", type=Path, default=REPO / "dist")
         if name == "dist":
             p.add_argument("--no-isolation", action="store_true", help="build with this environment's setuptools")
-    sub.add_parser("names")
+    p = sub.add_parser("names")
+    p.add_argument("extra", nargs="*", help="more names to check (planned packages)")
     sub.add_parser("config-history", help="store this version's defaults in rlinf_cli/conf_history/")
     args = ap.parse_args(argv)
     pkgs = packages()
@@ -351,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "names":
         print(f"# {time.strftime('%Y-%m-%d')}: python tools/release.py names")
         worst = 0
-        for p in pkgs:
-            status, evidence = index_status(p.name)
-            print(f"{p.name:28} {status:8} {evidence}")
+        for name in [p.name for p in pkgs] + list(args.extra):
+            status, evidence = index_status(name)
+            print(f"{name:28} {status:8} {evidence}")
             worst = max(worst, {"free": 0, "unknown": 1, "taken": 2}[status])
         return worst
     if args.cmd == "dist":
