@@ -102,10 +102,27 @@ def snapshot() -> dict[str, Any]:
             "options_from": providers, "stages": stages, "groups": groups}
 
 
-def write_snapshot(directory: Path = HISTORY) -> Path:
+def installed(stage: str, choices: dict[str, str]) -> dict[str, Any]:
+    """The installed defaults of one stage with the given group choices, shaped like a snapshot
+    (one composition instead of the whole snapshot)."""
+    from omegaconf import OmegaConf
+
+    from rlinf_cli import __version__
+    from rlinf_cli.config import compose, default_choice
+
+    cfg = OmegaConf.to_container(compose(stage, [f"{g}={c}" for g, c in choices.items()]), resolve=False)
+    cfg.pop("choices", None)
+    cfg.pop("stage", None)
+    groups = {g: {c: cfg.pop(g)} for g, c in choices.items()}
+    return {"version": __version__, "groups": groups,
+            "stages": {stage: {"choices": {g: default_choice(stage, g) for g in choices}, "config": cfg}}}
+
+
+def write_snapshot(directory: Path | None = None) -> Path:
     """Write the installed defaults as ``<directory>/<core version>.yaml``; returns the path."""
     import yaml
 
+    directory = directory or HISTORY
     snap = snapshot()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{snap['version']}.yaml"
@@ -115,14 +132,16 @@ def write_snapshot(directory: Path = HISTORY) -> Path:
     return path
 
 
-def versions(directory: Path = HISTORY) -> list[str]:
+def versions(directory: Path | None = None) -> list[str]:
     """Stored versions, oldest first."""
+    directory = directory or HISTORY
     return sorted((p.stem for p in directory.glob("*.yaml")), key=_version_key)
 
 
-def load(version: str, directory: Path = HISTORY) -> dict[str, Any]:
+def load(version: str, directory: Path | None = None) -> dict[str, Any]:
     import yaml
 
+    directory = directory or HISTORY
     path = directory / f"{version}.yaml"
     if not path.is_file():
         stored = ", ".join(versions(directory)) or "none"
@@ -185,16 +204,19 @@ def parse_range(spec: str) -> tuple[str, str]:
 def report(stage: str, spec: str, overrides: list[str]) -> str:
     """What changed in ``stage``'s defaults between two versions, for the user's group choices."""
     from rlinf_cli import __version__
-    from rlinf_cli.config import compose, stage_groups
+    from rlinf_cli.config import compose, default_choice, stage_groups
     from rlinf_cli.registry import GROUP_TO_KIND
 
     old_v, new_v = parse_range(spec)
     current = compose(stage, overrides)  # bad or renamed keys are refused here, as in a run
     picked = {g: c for g, c in current.choices.items() if any(o.split("=")[0].lstrip("+") == g for o in overrides)}
-    snaps = {v: (snapshot() if v == CURRENT else load(v)) for v in {old_v, new_v}}
-    label = {v: (f"{__version__} ({CURRENT})" if v == CURRENT else v) for v in (old_v, new_v)}
-    new_defaults = snaps[new_v]["stages"].get(stage, {}).get("choices", {})
+    snaps = {v: load(v) for v in {old_v, new_v} if v != CURRENT}
+    new_defaults = (snaps[new_v]["stages"].get(stage, {}).get("choices", {}) if new_v in snaps
+                    else {g: default_choice(stage, g) for g in stage_groups(stage)})
     choices = {g: picked.get(g) or new_defaults.get(g) or current.choices[g] for g in stage_groups(stage)}
+    if CURRENT in (old_v, new_v):
+        snaps[CURRENT] = installed(stage, choices)
+    label = {v: (f"{__version__} ({CURRENT})" if v == CURRENT else v) for v in (old_v, new_v)}
     old_flat, old_absent = view(snaps[old_v], stage, choices)
     new_flat, new_absent = view(snaps[new_v], stage, choices)
     lines = [f"rlinf {stage} defaults, {label[old_v]} -> {label[new_v]}, with "
