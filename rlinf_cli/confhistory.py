@@ -147,7 +147,15 @@ def load(version: str, directory: Path | None = None) -> dict[str, Any]:
         stored = ", ".join(versions(directory)) or "none"
         raise UserError(f"no stored defaults for version '{version}'; stored versions: {stored} "
                         f"(or '{CURRENT}' for this install)")
-    return yaml.safe_load(path.read_text())
+    try:
+        snap = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        snap = exc
+    if not isinstance(snap, dict) or not isinstance(snap.get("stages"), dict):
+        from rlinf_cli import DISTRIBUTION
+
+        raise UserError(f"stored defaults '{path}' are damaged; reinstall {DISTRIBUTION}")
+    return snap
 
 
 # -- diffs ---------------------------------------------------------------------------------------

@@ -81,6 +81,9 @@ def test_config_show_diff_bad_input_is_one_line(cli, history):
     assert res.code == 2 and "bad --diff" in res.err
     res = cli("config", "show", "rl", "--diff", "0.0.1", "algo.lrr=1")
     assert res.code == 2 and "Did you mean 'algo.lr'" in res.err
+    (history / "0.0.3.yaml").write_text("stages: [unclosed\n")
+    res = cli("config", "show", "rl", "--diff", "0.0.3")
+    assert res.code == 2 and "0.0.3.yaml' are damaged; reinstall rlinf-cli" in res.err
 
 
 @pytest.fixture

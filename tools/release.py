@@ -33,7 +33,10 @@ import subprocess
 import sys
 import tarfile
 import time
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip vendors the same parser
+    from pip._vendor import tomli as tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
