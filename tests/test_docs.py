@@ -25,6 +25,14 @@ def test_every_config_key_of_the_core_and_the_installed_plugins_has_a_comment():
     assert not missing, "config keys without a comment (write `key: value  # what it means`):\n" + "\n".join(missing)
 
 
+def test_every_config_key_of_every_package_in_the_repository_has_a_comment():
+    # also the packages not installed in this environment (a simulator with its own virtualenv)
+    files = reference.repository_config_files()
+    assert files
+    missing = [f"{path}:{k.line}: '{k.key}'" for _, path in files for k in parse(path).undocumented()]
+    assert not missing, "config keys without a comment:\n" + "\n".join(missing)
+
+
 def test_the_scaffolds_teach_commented_keys():
     for path in sorted((REPO / "templates" / "plugin").glob("*/*/conf/*/*.yaml")):
         assert parse(path).undocumented() == [], path

@@ -132,7 +132,7 @@ def config_reference() -> str:
     from rlinf_cli.confhistory import RENAMED_FILE, renames, versions
     from rlinf_cli.registry import GROUP_TO_KIND, KINDS
 
-    files = config_files()
+    files = config_files() + repository_config_files(exclude_installed=True)
     core = {p.stem: p for owner, p in files if p.parent == CORE_CONF}
     parts = [GENERATED_NOTE, "# Configuration reference\n",
              "Every configuration key, its default and what it means, generated from the comments of "
@@ -188,6 +188,26 @@ def config_reference() -> str:
                  f"`rlinf config show <stage> --diff <version>` prints what changed since then "
                  f"({DISTRIBUTION}'s `rlinf_cli/conf_history/`).\n")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def repository_config_files(exclude_installed: bool = False) -> list[tuple[str, Path]]:
+    """``(owner, file)`` for the config YAML files of every plugin package in this repository,
+    installed or not (a simulator with its own virtualenv is not installed in the main one)."""
+    import release
+
+    from rlinf_cli.confdoc import config_files
+
+    installed = {p.resolve() for _, p in config_files()} if exclude_installed else set()
+    out = []
+    for pkg in release.packages():
+        if pkg.is_core:
+            continue
+        for root in pkg.source_roots():
+            for f in sorted((root / "conf").rglob("*.yaml")):
+                if f.resolve() not in installed:
+                    owner = pkg.name + ("" if not exclude_installed else ", not installed in this docs build")
+                    out.append((owner, f))
+    return out
 
 
 def _sentence(text: str) -> str:
