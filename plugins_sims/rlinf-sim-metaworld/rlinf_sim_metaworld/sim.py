@@ -201,6 +201,8 @@ class ScriptedExpert:
 
 
 class MetaWorldSimulator:
+    fps = 80  # control steps per second: 5 MuJoCo steps of 2.5 ms each (env.dt = 0.0125); datasets and videos use it
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(MetaWorldConfig, cfg, "sim")
         if self.cfg.rgb:
