@@ -475,13 +475,13 @@ def _resolve_mapping(features: dict[str, Any], mapping: Mapping[str, str] | None
         keymap = {k: f for f in features if (k := default_key(f)) is not None}
     for key, feature in (mapping or {}).items():
         if feature not in features:
-            raise UserError(f"lerobot.features.{key}={feature}: dataset '{path}' has no feature '{feature}'; "
+            raise UserError(f"lerobot.features maps '{key}' to '{feature}', but dataset '{path}' has no feature '{feature}'; "
                             f"its features: {listing}")
         keymap = {k: f for k, f in keymap.items() if f != feature}
         keymap[str(key)] = str(feature)
     if not keymap:
         raise UserError(f"LeRobot dataset '{path}' has no observation features (observation.*); its features: {listing}. "
-                        f"Map one with lerobot.features.<key>=<feature>")
+                        f"Map one with lerobot.features={{<key>:<feature>}}")
     return keymap
 
 
@@ -553,7 +553,7 @@ def check_keys(keys: Any, data: Any, where: Any) -> None:
     if missing:
         mapped = ", ".join(f"{k} <- {f}" for k, f in data.meta["features"].items())
         raise UserError(f"the policy reads observation '{missing[0]}' but LeRobot dataset '{where}' maps none to it "
-                        f"(mapped: {mapped}); map a feature with lerobot.features.{missing[0]}=<feature>")
+                        f"(mapped: {mapped}); map a feature with lerobot.features={{{missing[0]}:<feature>}}")
 
 
 def writer_for(cfg: Any, sim: Any, provenance: dict[str, Any]) -> LeRobotWriter:
