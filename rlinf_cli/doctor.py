@@ -75,8 +75,9 @@ def report() -> None:
     console.print(table)
     counts = {kind: len(reg.specs(kind)) for kind in ("simulator", "model", "algorithm", "executor")}
     console.print("plugins: " + ", ".join(f"{n} {k}s" for k, n in counts.items()) + " (rlinf plugins list)")
-    for line in reg.load_errors:
-        console.print(f"[red]plugin error:[/] {line}")
+    for b in getattr(reg, "broken", []):  # installed entry points whose module failed to import
+        console.print(f"[red]broken plugin:[/] {escape(b.package)} {escape(b.version)} ({escape(b.entry_point)}): "
+                      f"{escape(b.error)}")
     try:
         import mlflow
 

@@ -59,10 +59,13 @@ def fake_vendor(monkeypatch):
         monkeypatch.syspath_prepend(str(FAKES))
         monkeypatch.setattr(torch, namespace, None, raising=False)  # torch has none: removed after the test
         __import__(module)  # the fake extension installs torch.<namespace>, like the real one
-        monkeypatch.setitem(sys.modules, module, sys.modules[module])  # removed after the test
+        imported.append(module)
         return getattr(torch, namespace)
 
-    return install
+    imported: list[str] = []
+    yield install
+    for module in imported:  # later tests (and DeepSpeed's own probing) must not find the fake
+        sys.modules.pop(module, None)
 
 
 def test_every_backend_is_its_own_package():
@@ -112,7 +115,8 @@ def test_backend_logic_with_a_fake_vendor_runtime(name, fake_vendor, monkeypatch
     assert stats == {"mem_allocated_gb": 2.0, "mem_peak_gb": 4.0, "mem_reserved_gb": 6.0, "mem_total_gb": 64.0}
     env = accel.launch_env([0, 1])
     assert env[visible] == "0,1" and env.get("DS_ACCELERATOR") == ds
-    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setenv("DS_ACCELERATOR", "unset")  # recorded, so the variable is removed after the test
+    monkeypatch.delenv("DS_ACCELERATOR")
     accel.prepare_deepspeed()
     assert os.environ.get("DS_ACCELERATOR") == ds
 
