@@ -114,3 +114,15 @@ def test_registry_registers_a_checkpoint_that_met_the_bar(cli, workdir, checkpoi
 def test_registry_bad_options_fail_before_running(cli_proc, args, needle):
     res = cli_proc("eval", "sim=metaworld", "episodes=1", *args)
     assert res.code == 2 and needle in res.err and res.err.count("\n") == 1
+
+
+def test_a_mujoco_state_env_gets_a_video_camera(cli, workdir):
+    res = cli("eval", "sim.env_id=Hopper-v5", "checkpoint=random", "episodes=1", "video=1", "video_size=64",
+              "progress=false", "tracking.enabled=false", "run_dir=h")
+    assert res.code == 0, res.err
+    (f,) = (workdir / "h/videos").glob("*.mp4")
+    assert re.fullmatch(r"episode-000_seed-1000000_return-[\d.-]+\.mp4", f.name)  # no success notion: none in the name
+    from rlinf_cli.video import decode_mp4
+
+    frames = decode_mp4(f)
+    assert frames.shape[1:] == (64, 64, 3) and frames.std() > 5

@@ -4,8 +4,9 @@ The first N evaluation episodes are run on a simulator whose observations carry 
 recorded and written as mp4 (``<run_dir>/videos/``, also MLflow artifacts under ``videos/``),
 one file per episode with its seed, success and return in the name. Frames come from:
 
-- the simulator's ``with_video(size)`` (Meta-World: the configured camera rendered at
-  ``video_size`` under the observation key ``"video"``, whatever the policy reads), or
+- the simulator's optional ``with_video(size) -> (simulator, key) | None`` (Meta-World: the
+  configured camera rendered at ``video_size`` under ``"video"``, whatever the policy reads;
+  gymnasium's MuJoCo envs with state observations: their camera under ``"rgb"``), or
 - the policy's own image observation (a pixel simulator that offers no separate camera).
 
 The remaining episodes run on the unchanged simulator: recording costs nothing when
@@ -24,14 +25,14 @@ import numpy as np
 from rlinf_cli.api import Obs, StepBatch
 from rlinf_cli.errors import UserError
 
-VIDEO_KEY = "video"
-
 
 def video_source(sim: Any, size: int) -> tuple[Any, str]:
     """``(simulator to record on, observation key of its frames)``; a clear error if it cannot render."""
-    with_video = getattr(sim, "with_video", None)
+    with_video = getattr(sim, "with_video", None)  # optional: (simulator rendering a video camera, its key) or None
     if callable(with_video) and size > 0:
-        return with_video(int(size)), VIDEO_KEY
+        got = with_video(int(size))
+        if got is not None:
+            return got
     images = [k for k, s in sim.spec.observation.items() if s.dtype == "uint8" and len(s.shape) == 3 and s.shape[-1] == 3]
     if images:
         return sim, images[0]

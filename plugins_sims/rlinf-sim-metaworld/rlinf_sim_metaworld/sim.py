@@ -231,12 +231,12 @@ class MetaWorldSimulator:
         return EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0), max_episode_steps=c.max_episode_steps,
                        tasks=self.tasks, has_success=True)
 
-    def with_video(self, size: int) -> "MetaWorldSimulator":
+    def with_video(self, size: int) -> tuple["MetaWorldSimulator", str]:
         """This simulator with the camera also rendered at ``size`` under ``"video"`` (what
         ``rlinf eval ... video=N`` records); everything else, physics included, is unchanged."""
         from dataclasses import asdict
 
-        return MetaWorldSimulator({**asdict(self.cfg), "video_size": int(size)})
+        return MetaWorldSimulator({**asdict(self.cfg), "video_size": int(size)}), VIDEO_KEY
 
     def make_env(self, index: int) -> MetaWorldEnv:
         if self.cfg.rgb or self.cfg.video_size:
