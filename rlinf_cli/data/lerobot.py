@@ -26,10 +26,8 @@ collect keeps every flushed episode, and appending never rewrites a finished fil
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -38,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.data.dataset import LOCK
+from rlinf_cli.data.dataset import LOCK, _fixed_list, _write_json_atomic, sha256_file
 from rlinf_cli.errors import UserError
 
 CODEBASE_VERSION = "v3.0"
@@ -92,24 +90,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    _write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
-
-
 def _parquet_bytes(table: Any) -> bytes:
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="snappy")
     return sink.getvalue()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _RunningStats:
@@ -254,7 +240,7 @@ class LeRobotWriter:
             if not self._failed and self.next_seed is not None and (self.path / INFO).exists() \
                     and self.meta.get("next_seed") != self.next_seed:
                 self.meta["next_seed"] = int(self.next_seed)
-                _write_json(self.path / RLINF_META, self.meta)
+                _write_json_atomic(self.path / RLINF_META, self.meta)
         finally:
             if self._created and not (self.path / INFO).exists():  # nothing was written: leave nothing
                 import shutil
@@ -352,7 +338,7 @@ class LeRobotWriter:
         _write_atomic(self.path / rel, _parquet_bytes(pa.table(ep_cols)))
         written.append(rel)
         # the metadata last: a reader never sees an episode whose files are not complete
-        self.meta["files"].extend({"file": f, "sha256": _sha256(self.path / f)} for f in written)
+        self.meta["files"].extend({"file": f, "sha256": sha256_file(self.path / f)} for f in written)
         self.meta["episodes"] = first_ep + len(eps)
         self.meta["frames"] = first_frame + n
         self.meta["successes"] = int(self.meta["successes"]) + sum(bool(e.success.any()) for e in eps)
@@ -375,8 +361,9 @@ class LeRobotWriter:
         return np.zeros(len(episode), dtype=np.int64)
 
     def _encode(self, frames: np.ndarray, path: Path) -> dict[str, Any]:
-        return __import__("rlinf_cli.video", fromlist=["encode_mp4"]).encode_mp4(
-            frames, path, self.fps, codec=self.codec, crf=self.crf, gop=self.gop)
+        from rlinf_cli.video import encode_mp4
+
+        return encode_mp4(frames, path, self.fps, codec=self.codec, crf=self.crf, gop=self.gop)
 
     def _write_meta(self) -> None:
         import pandas as pd
@@ -388,23 +375,18 @@ class LeRobotWriter:
         sink = io.BytesIO()
         tasks.to_parquet(sink)
         _write_atomic(self.path / TASKS, sink.getvalue())
-        _write_json(self.path / STATS, self.stats.lerobot(images))
-        _write_json(self.path / RLINF_META, self.meta)
+        _write_json_atomic(self.path / STATS, self.stats.lerobot(images))
+        _write_json_atomic(self.path / RLINF_META, self.meta)
         self.info.update(total_episodes=int(self.meta["episodes"]), total_frames=int(self.meta["frames"]),
                          total_tasks=len(self.tasks), splits={"train": f"0:{int(self.meta['episodes'])}"})
-        _write_json(self.path / INFO, self.info)
+        _write_json_atomic(self.path / INFO, self.info)
 
 
 def _column(values: np.ndarray, dtype: str) -> Any:
+    """Scalars as a plain column (LeRobot's shape [1]), vectors as fixed-size lists."""
     import pyarrow as pa
 
-    n = values.shape[0]
-    size = int(math.prod(values.shape[1:])) if values.ndim > 1 else 1
-    flat = np.ascontiguousarray(values, dtype=dtype)
-    if values.ndim == 1:
-        return pa.array(flat)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), size) if n else \
-        pa.array([], pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), size))
+    return pa.array(np.ascontiguousarray(values, dtype=dtype)) if values.ndim == 1 else _fixed_list(values, dtype)
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -439,7 +421,7 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
             f = path / entry["file"]
             if not f.is_file():
                 raise UserError(f"LeRobot dataset '{path}' is missing {entry['file']}; restore it or re-collect")
-            if _sha256(f) != entry["sha256"]:
+            if sha256_file(f) != entry["sha256"]:
                 raise UserError(f"{entry['file']} of dataset '{path}' fails its sha256 check: the file is corrupt; "
                                 f"re-collect the dataset (or restore the file)")
     keymap = _resolve_mapping(features, mapping, rl_meta, path)
