@@ -91,7 +91,7 @@ def test_auto_mode_says_what_it_chose(cli) -> None:
 @pytest.mark.parametrize("override,msg", [
     ("runtime.mode=turbo", "runtime.mode must be one of collocated, disaggregated, hybrid, auto"),
     ("env.obs_compression=gzip", "env.obs_compression must be one of none, lz4, zstd"),
-    ("runtime.pipeline_stages=0", "'runtime.pipeline_stages': 0; it must be an integer >= 1"),
+    ("runtime.pipeline_stages=0", "runtime.pipeline_stages must be >= 1"),
 ])
 def test_bad_runtime_settings_are_user_errors(cli, override: str, msg: str) -> None:
     r = cli("rl", *SHORT, override)
