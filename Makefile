@@ -6,10 +6,14 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.rlinf-installed
 
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
-PLUGINS := plugins/rlinf-algos plugins/rlinf-accelerators plugins/rlinf-executor-local plugins/rlinf-executor-ray \
+PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-executor-ray \
+           plugins/rlinf-accel-cuda plugins/rlinf-accel-rocm plugins/rlinf-accel-ascend plugins/rlinf-accel-musa \
            plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld plugins_sims/rlinf-sim-reasoning \
            plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
+# Former distribution names: `rlinf` is now `rlinf-cli` (`rlinf` on the index is another project);
+# `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
+RETIRED := rlinf rlinf-accelerators
 
 .PHONY: install demo test test-fast clean smollm2 bench gl dist docs docs-serve config-history names
 
@@ -21,8 +25,8 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	@# the core was the distribution `rlinf` before it was named `rlinf-cli` (`rlinf` on the index is another project)
-	$(PY) -m pip show -q rlinf >/dev/null 2>&1 && $(PIP) uninstall -y rlinf || true
+	@# distributions renamed or split since (an old .venv would keep them, and with them duplicate plugin names)
+	$(PIP) uninstall -y $(RETIRED) 2>/dev/null || true
 	$(PIP) install -e '.[dev,deepspeed,bench,docs,release]' $(addprefix -e ,$(PLUGINS))
 	-@$(MAKE) --no-print-directory gl
 	touch $@

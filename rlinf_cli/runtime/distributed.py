@@ -40,9 +40,9 @@ def init_process_group(accelerator: Any) -> tuple[int, int]:
     rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if size > 1 and not torch.distributed.is_initialized():
         backend = accelerator.dist_backend() if accelerator is not None else "gloo"
+        if accelerator is not None and hasattr(accelerator, "set_device"):
+            accelerator.set_device()  # LOCAL_RANK -> this process's device, before nccl/hccl bind to one
         torch.distributed.init_process_group(backend=backend)
-        if accelerator is not None and accelerator.device().type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return rank, size
 
 
@@ -148,6 +148,8 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, module: torch.nn.Module, algo_cfg: Any, zero_stage: int, bf16: bool, accelerator: Any):
         super().__init__(module)
+        if accelerator is not None and hasattr(accelerator, "prepare_deepspeed"):
+            accelerator.prepare_deepspeed()  # DS_ACCELERATOR: DeepSpeed's own detection probes CUDA first
         try:
             import deepspeed
         except ImportError as exc:

@@ -84,7 +84,12 @@ def run(cfg: Any) -> dict[str, Any]:
     rng = np.random.default_rng(int(cfg.seed))
     act = common.make_actor(str(cfg.policy), sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
     act = _with_noise(act, sim.spec, float(cfg.action_noise), float(cfg.epsilon), rng)
-    writer = DatasetWriter(cfg.output, sim.spec, provenance, int(cfg.chunk_episodes))
+    if cfg.get("format", "rlinf") == "lerobot":  # LeRobot v3.0 layout (rlinf_cli/data/lerobot.py)
+        from rlinf_cli.data.lerobot import writer_for
+
+        writer = writer_for(cfg, sim, provenance)
+    else:
+        writer = DatasetWriter(cfg.output, sim.spec, provenance, int(cfg.chunk_episodes))
     env = None
     try:  # whatever fails from here on, the dataset keeps what it had and is released
         # appending continues after every seed tried before (kept or dropped by only_success)
@@ -132,7 +137,8 @@ def run(cfg: Any) -> dict[str, Any]:
             summary = common.summarize([EpisodeStats(float(e.rewards.sum()), len(e), bool(e.success.any()),
                                                      bool(e.success[-1])) for e in kept], sim.spec.has_success)
             tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
-            tracker.log_artifact(writer.path / "meta.json", "dataset")
+            for meta_file in ("meta.json", "meta/info.json"):  # the rlinf or the LeRobot layout
+                tracker.log_artifact(writer.path / meta_file, "dataset")
             result = {"stage": "collect", "dataset": str(writer.path), "episodes_added": len(kept),
                       "episodes_total": writer.episodes_written, "tried": tried, "run_dir": str(ctx.run_dir),
                       "seconds": round(time.time() - ctx.started, 2), "summary": summary, "mlflow_run_id": tracker.run_id}

@@ -19,8 +19,15 @@ def run(cfg: Any) -> dict[str, Any]:
         return text_eval.run_eval(cfg)
     from rlinf_cli.config import flatten
 
+    from rlinf_cli import model_registry
+    from rlinf_cli.stages import videos
+
     source = str(cfg.checkpoint)
+    model_registry.check_options(cfg, source)
     sim = common.make_simulator(cfg.sim)
+    n_video = int(cfg.get("video", 0) or 0)
+    if n_video:
+        videos.video_source(sim, int(cfg.video_size))  # a simulator that cannot render fails before any episode
     label = Path(source).name if source not in ("random", "expert") else source
     ctx = common.start(cfg, "eval", f"{cfg.sim.name}-{label}")
     act = common.make_actor(source, sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
@@ -30,9 +37,12 @@ def run(cfg: Any) -> dict[str, Any]:
     with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
             Progress(ctx.log, "eval", int(cfg.episodes), "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
-        episodes = common.evaluate(act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs),
-                                   on_batch=lambda b: progress.update(len(b)))
+        episodes, video_files = videos.evaluate_with_video(
+            act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs), n_video, ctx.run_dir / "videos",
+            int(cfg.get("video_size", 256)), on_batch=lambda b: progress.update(len(b)))
         progress.close()
+        for f in video_files:
+            tracker.log_artifact(f, "videos")
         summary = common.summarize(episodes, sim.spec.has_success)
         metrics = {f"eval/{k}": v for k, v in summary.items()}
         rows = {label: summary}
@@ -50,11 +60,22 @@ def run(cfg: Any) -> dict[str, Any]:
         tracker.log_metrics(metrics, 0)
         result = {"stage": "eval", "checkpoint": source, "run_dir": str(ctx.run_dir), "seconds": round(time.time() - ctx.started, 2),
                   "eval": summary, **extra, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}
+        if video_files:
+            result["videos"] = [str(f) for f in video_files]
         table = common.eval_table(rows, f"rlinf eval: {cfg.sim.name} (seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1})")
+        if (cfg.get("register") or {}).get("name"):
+            result["registry"] = model_registry.register(tracker, source, extra.get("task_mean") or summary, cfg,
+                                                         common.table_text(table))
         common.write_result(ctx, tracker, result, table)
         if cfg.output:
             Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg.output).write_text(json.dumps(result, indent=2))
         ctx.console.print(table)
+        for f in video_files:
+            ctx.note(f"video: {f}")
+        if "registry" in result:
+            r = result["registry"]
+            ctx.note(f"MLflow model registry: {r['name']} version {r['version']}" if r["registered"]
+                     else f"not registered as {r['name']}: {r['reason']}")
         ctx.console.print_json(json.dumps({"checkpoint": source, **summary, **({"per_task": extra["per_task"]} if extra else {})}))
     return result

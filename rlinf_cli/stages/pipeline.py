@@ -100,6 +100,7 @@ def run(args: list[str]) -> dict[str, Any]:
     summaries = {}
     for label, ckpt in rows.items():
         summaries[label] = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])["eval"]
+        results[f"eval:{label}"] = results["eval"]
         timings[f"eval:{label}"] = timings.pop("eval")
 
     table = Table(title=f"rlinf pipeline: {probe.sim.name} {probe.sim.get('env_id') or probe.sim.get('task') or ''}".strip())
@@ -112,8 +113,12 @@ def run(args: list[str]) -> dict[str, Any]:
                       common.pct(s, "success_at_end"), f"{s['length_mean']:.0f}", "-" if t is None else f"{t:.0f} s")
     console.rule("[bold]summary")
     console.print(table)
+    videos = {label: results[f"eval:{label}"].get("videos", []) for label in rows}
+    for label, files in videos.items():  # eval.video=N
+        for f in files:
+            console.print(f"video ({label}): {f}")
     console.print(f"pipeline directory: {root}  (MLflow: rlinf ui)")
     import json
 
-    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings}, indent=2))
-    return {"eval": summaries, "seconds": timings, "dir": str(root)}
+    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings, "videos": videos}, indent=2))
+    return {"eval": summaries, "seconds": timings, "dir": str(root), "videos": videos}

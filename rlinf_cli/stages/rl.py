@@ -61,6 +61,10 @@ def run(cfg: Any) -> dict[str, Any]:
     rank, world = rl_backend.setup_ranks(cfg)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir if rank == 0 else None)
     sim = common.make_simulator(cfg.sim)
+    if int(cfg.eval.get("video", 0) or 0):
+        from rlinf_cli.stages.videos import video_source
+
+        video_source(sim, int(cfg.eval.get("video_size", 256)))  # cannot render: say so before training
     policy = _build_policy(cfg, sim.spec, ctx.device)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
@@ -157,7 +161,7 @@ def run(cfg: Any) -> dict[str, Any]:
                                 "time/env_steps_per_s": rollout.env_steps / max(t_rollout + t_update, 1e-9),
                                 "env_steps": float(state["env_steps"]), "lr": trainer.lr})
                 if cfg.eval.interval and state["iteration"] % int(cfg.eval.interval) == 0 and rank == 0:
-                    ev = _evaluate(policy, sim, executor, cfg, ctx)
+                    ev = _evaluate(policy, sim, executor, cfg, ctx, tracker, f"iter_{state['iteration']:06d}")
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
                 progress.update(rollout.env_steps * world, _info(metrics, state["iteration"]))
@@ -177,12 +181,14 @@ def run(cfg: Any) -> dict[str, Any]:
         with trainer.full_parameters():
             final_dir = _checkpoint(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator,
                                     runner if not (overlap or episodic) else None, recent, tracker, rank)
-            summary = _evaluate(policy, sim, executor, cfg, ctx) if rank == 0 else {}
+            summary = _evaluate(policy, sim, executor, cfg, ctx, tracker) if rank == 0 else {}
         trainer.close()
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, state["env_steps"])
         result = {"stage": "rl", "run_dir": str(ctx.run_dir), "checkpoint": str(final_dir),
                   "env_steps": state["env_steps"], "iterations": state["iteration"],
                   "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
+        if (ctx.run_dir / "videos").is_dir():
+            result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
         table = common.eval_table({f"{cfg.algo.name} ({state['env_steps']:,} steps)": summary},
                                   f"rlinf rl: {_sim_label(cfg)}") if summary else None  # eval.episodes=0: no table
         common.write_result(ctx, tracker, result, table,
@@ -249,9 +255,17 @@ def _rollout_metrics(rollout: Any, recent: list[Any], has_success: bool) -> dict
     return out
 
 
-def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any) -> dict[str, float]:
+def _evaluate(policy: Any, sim: Any, executor: Any, cfg: Any, ctx: Any, tracker: Any = None,
+              tag: str = "final") -> dict[str, float]:
     from rlinf_cli.runtime.rollout import policy_actor
+    from rlinf_cli.stages import videos
 
-    episodes = common.evaluate(policy_actor(policy, sim.spec, ctx.device, bool(cfg.eval.deterministic)), sim, executor,
-                               int(cfg.eval.episodes), int(cfg.eval.seed), int(cfg.num_envs))
+    # eval.video=N: the first N episodes of this evaluation as mp4 under videos/<tag>/ (run dir and MLflow)
+    episodes, files = videos.evaluate_with_video(
+        policy_actor(policy, sim.spec, ctx.device, bool(cfg.eval.deterministic)), sim, executor, int(cfg.eval.episodes),
+        int(cfg.eval.seed), int(cfg.num_envs), int(cfg.eval.get("video", 0) or 0), ctx.run_dir / "videos" / tag,
+        int(cfg.eval.get("video_size", 256)))
+    for f in files:
+        if tracker is not None:
+            tracker.log_artifact(f, f"videos/{tag}")
     return common.summarize(episodes, sim.spec.has_success)

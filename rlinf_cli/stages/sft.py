@@ -39,7 +39,12 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.runtime.trainer import make_optimizer, set_lr
     from omegaconf import OmegaConf
 
-    data = ds.load(cfg.dataset)
+    from rlinf_cli.data import lerobot
+
+    if lerobot.is_lerobot_dataset(cfg.dataset):  # a LeRobot v3.0 directory: features mapped onto observation keys
+        data = lerobot.load(cfg.dataset, dict(cfg.get("lerobot", {}).get("features") or {}))
+    else:
+        data = ds.load(cfg.dataset)
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout != "supervised":
         raise UserError(f"algorithm '{cfg.algo.name}' is an RL algorithm: `rlinf sft` needs a supervised one (algo=bc)")
@@ -55,6 +60,8 @@ def run(cfg: Any) -> dict[str, Any]:
     ctx = common.start(cfg, "sft", f"{(sim_node or {}).get('name', 'dataset')}-{cfg.model.name}")
     if cfg.init:
         policy = load_policy(cfg.init, ctx.device)
+        if data.meta.get("format") == "lerobot":
+            lerobot.check_keys(policy.observation_keys, data, cfg.dataset)
         check_compatible(policy, data.spec, f"checkpoint '{cfg.init}'")
     else:
         policy = get_registry().load("model", cfg.model.name)(cfg.model, data.spec).to(ctx.device)
@@ -80,7 +87,8 @@ def run(cfg: Any) -> dict[str, Any]:
             Progress(ctx.log, f"sft {cfg.model.name}", c.epochs, "epochs", enabled=bool(cfg.progress)) as progress:
         ckpt_dir = ctx.run_dir / "checkpoints"
         tracker.log_params(flatten(cfg))
-        tracker.log_artifact(data.path / ds.META, "dataset")
+        for meta_file in (ds.META, lerobot.INFO):
+            tracker.log_artifact(data.path / meta_file, "dataset")
         for epoch in range(c.epochs):
             if c.anneal_lr:
                 set_lr(optimizer, c.lr * (1 - epoch / c.epochs))
