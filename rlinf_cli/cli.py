@@ -27,8 +27,10 @@ app = typer.Typer(
 )
 plugins_app = typer.Typer(help="Installed plugins (simulators, models, algorithms, accelerators, executors).", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect the composed configuration.", no_args_is_help=True)
+env_app = typer.Typer(help="Serve simulators to other Python environments and machines (sim=remote).", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(config_app, name="config")
+app.add_typer(env_app, name="env")
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -166,6 +168,27 @@ def check_sim(ctx: typer.Context) -> None:
     failed = [r for r in rows if not r[1]]
     if failed:
         raise UserError(f"{len(failed)} contract check(s) failed for simulator '{cfg.sim.name}': {failed[0][0]}: {failed[0][2]}")
+
+
+@env_app.command("serve", context_settings=OVERRIDES)
+def env_serve(ctx: typer.Context) -> None:
+    """Serve a simulator plugin over gRPC to `rlinf rl sim=remote sim.address=HOST:PORT` (no torch needed here).
+
+    Example: rlinf env serve sim=maniskill sim.task=PushCube-v1 port=50051
+    Binds 127.0.0.1; host=0.0.0.0 needs token=... (or RLINF_ENV_TOKEN). Ctrl-C stops it.
+    """
+    import logging
+
+    from rlinf_cli.remote.server import ServeConfig, make_served_simulator, serve_forever
+    from rlinf_cli.settings import build, plain
+
+    cfg = _compose("serve", list(ctx.args))
+    opts = {k: v for k, v in plain(cfg).items() if k not in ("sim", "stage", "choices", "log_level")}
+    serve_cfg = build(ServeConfig, opts, "serve")
+    level = str(cfg.get("log_level", "info")).upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sim, label = make_served_simulator(cfg.sim)
+    serve_forever(sim, serve_cfg, label)
 
 
 @app.command()
