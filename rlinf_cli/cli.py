@@ -134,7 +134,7 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name users will type, e.g. mysim"),
-    kind: str = typer.Option("simulator", "--kind", help="simulator | model | algorithm"),
+    kind: str = typer.Option("simulator", "--kind", help="simulator | model | algorithm | robot (a simulator driving hardware)"),
     directory: str = typer.Option(".", "--dir", help="Where to create the package directory"),
 ) -> None:
     """Scaffold a plugin package that installs with pip and shows up in `rlinf plugins list`."""
