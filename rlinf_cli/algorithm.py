@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Mapping, NamedTuple
 import torch
 
 from rlinf_cli import settings
+from rlinf_cli.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,21 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError("epochs and minibatch_size must be >= 1")
+
+
+# What the core reads from an algorithm's config, besides TrainConfig's fields, per rollout kind.
+ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
+    "steps": ("rollout_steps",),  # steps per env per iteration
+    "episodes": ("groups", "group_size"),  # groups x episodes reset from one seed
+    "supervised": (),
+}
+
+
+def required_config_keys(rollout: str) -> tuple[str, ...]:
+    """Config fields an algorithm with this rollout kind must have."""
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(TrainConfig)) + ROLLOUT_KEYS.get(rollout, ())
 
 
 class MiniBatch(NamedTuple):
@@ -59,7 +75,15 @@ class Algorithm:
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> "Algorithm":
-        return cls(settings.build(cls.Config, node, "algo"))
+        config = settings.build(cls.Config, node, "algo")
+        missing = [k for k in required_config_keys(cls.rollout) if not hasattr(config, k)]
+        if missing:
+            raise UserError(
+                f"algorithm '{cls.name or cls.__name__}': its Config ({cls.Config.__name__}) lacks "
+                f"{', '.join(repr(k) for k in missing)}, which rlinf's core reads for rollout='{cls.rollout}'. "
+                f"Derive the Config from rlinf_cli.algorithm.TrainConfig and add the missing fields "
+                f"(with their defaults in its conf/algo/<name>.yaml); see docs/plugins.md")
+        return cls(config)
 
     def advantages(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantages, returns)`` for a rollout; see the subclass for shapes."""

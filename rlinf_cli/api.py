@@ -46,6 +46,9 @@ class EnvSpec:
     max_episode_steps: int = 1000
     tasks: tuple[str, ...] = ()  # task names for multi-task simulators (index = task id)
     has_success: bool = False  # the simulator reports info["success"]
+    # reset(seed) plus the same actions reproduce an episode exactly (resume replays them to
+    # restore envs); False for real robots and other non-deterministic simulators
+    replayable: bool = True
 
     @property
     def discrete(self) -> bool:
@@ -59,6 +62,8 @@ class EnvSpec:
             "max_episode_steps": self.max_episode_steps,
             "tasks": list(self.tasks),
             "has_success": self.has_success,
+            # only when False: specs saved before the field existed stay equal to new ones
+            **({} if self.replayable else {"replayable": False}),
         }
 
     @classmethod
@@ -70,6 +75,7 @@ class EnvSpec:
             max_episode_steps=int(d.get("max_episode_steps", 1000)),
             tasks=tuple(d.get("tasks", ())),
             has_success=bool(d.get("has_success", False)),
+            replayable=bool(d.get("replayable", True)),
         )
 
 
@@ -151,15 +157,20 @@ class StepBatch:
 class VecEnv(Protocol):
     """A batch of envs, possibly spread over worker processes or machines.
 
-    ``autoreset=True``: a finished env restarts in the same step (its next episode continues its
-    RNG stream), and ``final_obs`` carries the last observation. ``autoreset=False``: finished
-    envs stay finished (their rows repeat the last obs with zero reward) until ``reset``.
+    ``reset(seeds)`` starts one seed stream per env. ``autoreset=True``: a finished env restarts
+    in the same step with the next episode of its stream (``rlinf_cli.runtime.vector.episode_seed``),
+    and ``final_obs`` carries the last observation. ``autoreset=False``: finished envs stay
+    finished (their rows repeat the last obs with zero reward) until ``reset``.
+    ``restore(streams, episodes, actions)`` puts env i at episode ``episodes[i]`` of stream
+    ``streams[i]`` after replaying ``actions[i]``: how a resumed run continues running episodes.
     """
 
     num_envs: int
     spec: EnvSpec
 
     def reset(self, seeds: Sequence[int]) -> Obs: ...
+
+    def restore(self, streams: Sequence[int], episodes: Sequence[int], actions: Sequence[np.ndarray] | None) -> Obs: ...
 
     def step(self, actions: np.ndarray) -> StepBatch: ...
 

@@ -5,8 +5,11 @@ Layout of a checkpoint directory::
     model.safetensors  config.json   the policy (Policy.save_pretrained)
     rlinf.yaml                        resolved config of the run that wrote it
     optimizer.pt                      optimizer state (loaded with weights_only=True)
-    trainer_state.json                iteration, env steps, metric history
-    rng.safetensors                   torch RNG states, so a resumed run continues exactly
+    trainer_state.json                iteration, env steps, recent episodes, MLflow run id
+    rng.safetensors                   torch, numpy and Python RNG states, so a resumed run continues exactly
+    env_state.safetensors             per rank: each env's seed stream, episode index, running
+                                      return and the actions since its episode began (replayed
+                                      on resume; see rlinf_cli/runtime/vector.py)
 
 A checkpoint is written to a temporary directory and renamed into place, so a run killed
 while saving leaves the previous checkpoint intact.
@@ -20,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlinf_cli.errors import UserError
@@ -28,6 +32,7 @@ from rlinf_cli.policy import Policy, read_model_config
 STATE_FILE = "trainer_state.json"
 OPTIM_FILE = "optimizer.pt"
 RNG_FILE = "rng.safetensors"
+ENV_FILE = "env_state.safetensors"
 CONFIG_YAML = "rlinf.yaml"
 
 
@@ -56,7 +61,10 @@ def save(
     optimizer: torch.optim.Optimizer | None = None,
     state: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
+    rank_states: list[dict[str, Any]] | None = None,
 ) -> Path:
+    """Write a checkpoint atomically. ``rank_states[r]``: arrays rank r needs to continue exactly
+    (its env state, and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``."""
     from safetensors.torch import save_file
 
     tmp = atomic_dir(path)
@@ -66,12 +74,63 @@ def save(
         torch.save(optimizer.state_dict(), tmp / OPTIM_FILE)
     if state is not None:
         (tmp / STATE_FILE).write_text(json.dumps(state))
-        rng = {"torch": torch.get_rng_state()}
-        if generator is not None:
-            rng["generator"] = generator.get_state()
-        save_file(rng, str(tmp / RNG_FILE))
+        save_file(rng_state(generator), str(tmp / RNG_FILE))
+    if rank_states:
+        flat = {f"rank{r}.{k}": torch.as_tensor(np.ascontiguousarray(v)) for r, rs in enumerate(rank_states)
+                for k, v in rs.items()}
+        save_file(flat, str(tmp / ENV_FILE))
     commit_dir(tmp, path)
     return path
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """Every RNG a training process draws from, as tensors: torch's global one, the update's
+    ``generator``, numpy's global one and Python's ``random`` (plugins may use either)."""
+    import random
+
+    keys, pos, has_gauss, cached = np.random.get_state()[1:]
+    version, internal, gauss_next = random.getstate()
+    out = {"torch": torch.get_rng_state(),
+           "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+           "numpy_extra": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
+           "python": torch.tensor(internal, dtype=torch.int64),
+           "python_extra": torch.tensor([version, gauss_next is not None, gauss_next or 0.0], dtype=torch.float64)}
+    if generator is not None:
+        out["generator"] = generator.get_state()
+    return out
+
+
+def set_rng_state(rng: dict[str, torch.Tensor], generator: torch.Generator | None = None, prefix: str = "") -> None:
+    """Restore what :func:`rng_state` saved (keys may carry a ``prefix``); absent keys are skipped
+    (checkpoints from before they were saved)."""
+    import random
+
+    torch.set_rng_state(rng[prefix + "torch"])
+    if generator is not None and prefix + "generator" in rng:
+        generator.set_state(rng[prefix + "generator"])
+    if prefix + "numpy" in rng:
+        pos, has_gauss, cached = rng[prefix + "numpy_extra"].tolist()
+        np.random.set_state(("MT19937", rng[prefix + "numpy"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+    if prefix + "python" in rng:
+        version, has_next, gauss_next = rng[prefix + "python_extra"].tolist()
+        random.setstate((int(version), tuple(rng[prefix + "python"].tolist()), gauss_next if has_next else None))
+
+
+def load_rank_state(path: Path, rank: int) -> dict[str, np.ndarray] | None:
+    """The arrays :func:`save` stored for ``rank`` (None: the checkpoint has none for it)."""
+    from safetensors.torch import load_file
+
+    f = Path(path) / ENV_FILE
+    if not f.is_file():
+        return None
+    try:
+        flat = load_file(str(f))
+    except Exception as exc:
+        raise UserError(f"cannot resume from '{path}': {ENV_FILE} is damaged ({type(exc).__name__}); "
+                        f"resume from an earlier checkpoint") from exc
+    prefix = f"rank{rank}."
+    mine = {k[len(prefix):]: v.numpy() for k, v in flat.items() if k.startswith(prefix)}
+    return mine or None
 
 
 def load_training_state(path: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator | None) -> dict[str, Any]:
@@ -88,9 +147,7 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer, generator:
         rng = load_file(str(path / RNG_FILE))
     except Exception as exc:  # any damage to these files means the same thing to the user
         raise UserError(f"cannot resume from '{path}': {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    torch.set_rng_state(rng["torch"])
-    if generator is not None and "generator" in rng:
-        generator.set_state(rng["generator"])
+    set_rng_state(rng, generator)
     return state
 
 

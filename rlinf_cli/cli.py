@@ -44,7 +44,10 @@ def _compose(stage: str, overrides: list[str]) -> Any:
 def _run_stage(stage: str, overrides: list[str]) -> None:
     import importlib
 
+    from rlinf_cli.validate import validate
+
     cfg = _compose(stage, overrides)
+    validate(stage, cfg)
     importlib.import_module(f"rlinf_cli.stages.{stage}").run(cfg)
 
 
@@ -101,11 +104,15 @@ def pipeline(ctx: typer.Context) -> None:
 
 
 @config_app.command("show", context_settings=OVERRIDES)
-def config_show(ctx: typer.Context, stage: str = typer.Argument(..., help="collect | sft | rl | eval")) -> None:
+def config_show(
+    ctx: typer.Context,
+    stage: str = typer.Argument(..., help="collect | sft | rl | eval"),
+    algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name (sugar for algo=NAME; rl and sft)"),
+) -> None:
     """Print the composed config of STAGE with the given overrides applied."""
     from rlinf_cli.config import to_yaml
 
-    cfg = _compose(stage, list(ctx.args))
+    cfg = _compose(stage, ([f"algo={algo}"] if algo else []) + list(ctx.args))
     typer.echo(to_yaml(cfg), nl=False)
 
 
@@ -205,17 +212,15 @@ def ui(
     runs_dir: str = typer.Option("rlinf_runs", help="runs_dir whose embedded store to show"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for the embedded tracking store."""
-    import subprocess
     from pathlib import Path
 
     from rlinf_cli.tracking import default_uri
+    from rlinf_cli.ui import serve
 
     uri = default_uri(Path(runs_dir))
     if not (Path(runs_dir) / "mlflow.db").exists():
         raise UserError(f"no tracking store at {runs_dir}/mlflow.db yet; run a stage first (or pass --runs-dir)")
-    typer.echo(f"MLflow UI for {uri} on http://127.0.0.1:{port} (Ctrl-C stops it)")
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                                      "--host", "127.0.0.1", "--port", str(port)]))
+    raise typer.Exit(serve(uri, port))
 
 
 def _version(value: bool) -> None:

@@ -95,7 +95,7 @@ def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] 
             choices[group] = choice
         elif choices[group] not in group_options(group):
             kind = GROUP_TO_KIND[group]
-            raise UserError(unknown_name_message(kind, choices[group], group_options(group)))
+            raise UserError(unknown_name_message(kind, choices[group], group_options(group), get_registry().broken))
 
     searchpath = "hydra.searchpath=[" + ",".join(f"file://{d}" for d in search_dirs()[1:]) + "]"
     group_ovs = [f"{g}={c}" for g, c in choices.items()]

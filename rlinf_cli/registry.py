@@ -72,12 +72,23 @@ class Spec:
         return obj
 
 
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """An installed ``rlinf`` entry point whose module failed to import."""
+
+    entry_point: str
+    package: str
+    version: str
+    error: str  # "ModuleNotFoundError: No module named 'foo'"
+
+
 class Registry:
-    def __init__(self, pm: pluggy.PluginManager, dists: dict[int, tuple[str, str]] | None = None):
+    def __init__(self, pm: pluggy.PluginManager, dists: dict[int, tuple[str, str]] | None = None,
+                 broken: list[BrokenPlugin] | None = None):
         self.pm = pm
         self._dists = dists or {}
         self._specs: dict[str, dict[str, Spec]] = {k: {} for k in KINDS}
-        self.load_errors: list[str] = []
+        self.broken = list(broken or [])
         self._collect()
 
     def _collect(self) -> None:
@@ -111,7 +122,7 @@ class Registry:
     def get(self, kind: str, name: str) -> Spec:
         spec = self._specs[kind].get(name)
         if spec is None:
-            raise UserError(unknown_name_message(kind, name, sorted(self._specs[kind])))
+            raise UserError(unknown_name_message(kind, name, sorted(self._specs[kind]), self.broken))
         return spec
 
     def load(self, kind: str, name: str) -> Any:
@@ -132,12 +143,21 @@ class Registry:
         return {s.package: s.version for s in self.all_specs()}
 
 
-def unknown_name_message(kind: str, name: str, installed: list[str]) -> str:
+def unknown_name_message(kind: str, name: str, installed: list[str], broken: list[BrokenPlugin] = ()) -> str:
+    """What to say when ``name`` is not registered: the names that are, a near match, and either
+    the installed plugin package that failed to import (likely the one meant) or what to install."""
     k = KINDS[kind]
     close = difflib.get_close_matches(name, installed, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     package = k.package_hint.format(name=name)
     listing = ", ".join(installed) if installed else "none"
+    suspects = [b for b in broken if name.lower() in (b.package + " " + b.entry_point).lower().replace("_", "-")
+                or name.lower() in (b.package + " " + b.entry_point).lower()] or list(broken)
+    if suspects:
+        b = suspects[0]
+        return (f"{kind} '{name}' is not available: plugin package {b.package} {b.version} is installed but broken, "
+                f"its entry point '{b.entry_point}' failed to import ({b.error}). Fix that import (a missing "
+                f"dependency?) or reinstall it with `pip install -U {b.package}`. Working {kind}s: {listing}.")
     return (
         f"unknown {kind} '{name}'. Installed: {listing}.{hint} "
         f"If it lives in a plugin package, install it (for example `pip install {package}`)."
@@ -155,8 +175,9 @@ def _conf_dir_of(plugin: object) -> Path | None:
     return conf if conf.is_dir() else None
 
 
-def load_plugins(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
-    """Register every ``rlinf`` entry point; return ``id(plugin) -> (package, version)``.
+def load_plugins(pm: pluggy.PluginManager) -> tuple[dict[int, tuple[str, str]], list[BrokenPlugin]]:
+    """Register every ``rlinf`` entry point; return ``id(plugin) -> (package, version)`` and the
+    entry points that failed to import.
 
     Entry points load one by one so that one broken third-party plugin costs a warning,
     not the whole CLI. ``RLINF_BLOCK_PLUGINS=a,b`` blocks entry points by name.
@@ -166,6 +187,7 @@ def load_plugins(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
     for blocked in filter(None, os.environ.get("RLINF_BLOCK_PLUGINS", "").split(",")):
         pm.set_blocked(blocked.strip())
     dists: dict[int, tuple[str, str]] = {}
+    broken: list[BrokenPlugin] = []
     for dist in metadata.distributions():
         for ep in dist.entry_points:
             if ep.group != ENTRY_POINT_GROUP or pm.is_blocked(ep.name) or pm.get_plugin(ep.name) is not None:
@@ -173,12 +195,14 @@ def load_plugins(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
             try:
                 plugin = ep.load()
             except Exception as exc:
-                print(f"warning: rlinf plugin '{ep.name}' ({dist.metadata['Name']}) failed to import: "
-                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                broken.append(BrokenPlugin(ep.name, dist.metadata["Name"], dist.version, error))
+                print(f"warning: rlinf plugin '{ep.name}' ({dist.metadata['Name']}) failed to import: {error}",
+                      file=sys.stderr)
                 continue
             pm.register(plugin, name=ep.name)
             dists[id(plugin)] = (dist.metadata["Name"], dist.version)
-    return dists
+    return dists, broken
 
 
 @lru_cache(maxsize=1)
@@ -186,9 +210,9 @@ def get_registry() -> Registry:
     pm = pluggy.PluginManager("rlinf")
     pm.add_hookspecs(hookspecs)
     try:
-        dists = load_plugins(pm)
+        dists, broken = load_plugins(pm)
         pm.check_pending()
-        return Registry(pm, dists)
+        return Registry(pm, dists, broken)
     except (RuntimeError, pluggy.PluginValidationError) as exc:
         raise UserError(f"plugin registry: {exc}") from exc
 

@@ -6,8 +6,10 @@ MLflow is imported only when a run starts. Metrics are buffered and written with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -31,61 +33,116 @@ def git_revision(cwd: Path | None = None) -> str | None:
 
 
 class Tracker:
-    """One stage run. Use as a context manager; the run ends FINISHED, FAILED or KILLED."""
+    """One stage run. Use as a context manager; the run ends FINISHED, FAILED or KILLED.
+
+    ``metrics.jsonl`` in the run directory is the record; MLflow mirrors it. A run resumed from
+    a checkpoint (``resume_step``) first cuts ``metrics.jsonl`` back to the checkpoint, then makes
+    the MLflow run match it again (see :meth:`_sync_resumed`): points a killed process never sent
+    are sent, and points it sent after the checkpoint (logged again now) are dropped.
+    """
 
     def __init__(self, cfg: Any, run_dir: Path, stage: str, tags: Mapping[str, str] | None = None,
                  resume_run_id: str | None = None, resume_step: int | None = None):
         self.run_dir = run_dir
-        if resume_step is not None:
-            _truncate_metrics(run_dir / "metrics.jsonl", resume_step)
-        self.metrics_file = (run_dir / "metrics.jsonl").open("a")
         self.history: list[dict[str, float]] = []
+        if resume_step is not None:
+            self.history = _truncate_metrics(run_dir / "metrics.jsonl", resume_step)
         self.client = None
         self.run_id: str | None = None
         self.resumed = False
+        self.notes: list[str] = []  # what the caller should tell the user (a rebuilt MLflow run)
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
+        self._flush_s = float(cfg.tracking.get("flush_s", _FLUSH_SECONDS))
         if cfg.tracking.enabled:
-            self._start_mlflow(cfg, run_dir, stage, dict(tags or {}), resume_run_id)
+            self._start_mlflow(cfg, run_dir, stage, dict(tags or {}), resume_run_id if resume_step is not None else None)
+        self.metrics_file = _open_append(run_dir / "metrics.jsonl")
 
     # -- mlflow ----------------------------------------------------------------------------
     def _start_mlflow(self, cfg: Any, run_dir: Path, stage: str, tags: dict[str, str], resume_run_id: str | None) -> None:
-        for name in ("alembic", "mlflow"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        from mlflow.exceptions import MlflowException
+        for name in ("alembic", "mlflow", "sqlalchemy"):
+            logging.getLogger(name).setLevel(logging.ERROR)
         from mlflow.tracking import MlflowClient
 
+        from rlinf_cli.locks import locked
+
         runs_dir = Path(cfg.runs_dir)
-        runs_dir.mkdir(parents=True, exist_ok=True)
         uri = cfg.tracking.uri or default_uri(runs_dir)
+        db = _sqlite_path(uri)
         try:
-            client = MlflowClient(tracking_uri=uri)
-            if resume_run_id is not None:  # a resumed run continues its MLflow run when the store has it
-                try:
-                    client.update_run(resume_run_id, status="RUNNING")
-                    self.client, self.run_id, self.resumed = client, resume_run_id, True
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
+                _check_writable(db, uri)
+            # Creating (migrating) a sqlite store is not safe from two processes at once: runs
+            # started together take turns here. Later writes are single transactions.
+            with locked(db.with_name(f".{db.name}.lock")) if db is not None else contextlib.nullcontext():
+                client = MlflowClient(tracking_uri=uri)
+                if resume_run_id is not None and self._resume(client, resume_run_id):
                     return
-                except MlflowException:
-                    pass
-            exp = client.get_experiment_by_name(cfg.tracking.experiment)
-            if exp is None:
-                artifact_root = (runs_dir / "mlartifacts").resolve().as_uri() if cfg.tracking.uri is None else None
-                try:
-                    exp_id = client.create_experiment(cfg.tracking.experiment, artifact_location=artifact_root)
-                except MlflowException:  # created meanwhile by a concurrent run
-                    exp_id = client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
-            else:
-                exp_id = exp.experiment_id
-            rev = git_revision()
-            tags = {"rlinf.stage": stage, "rlinf.run_dir": str(run_dir.resolve()), **tags}
-            if rev:
-                tags["mlflow.source.git.commit"] = rev
-                tags["git.revision"] = rev
-            run = client.create_run(exp_id, run_name=cfg.tracking.run_name or run_dir.name, tags=tags)
-        except MlflowException as exc:
-            raise UserError(f"tracking.uri '{uri}': {str(exc).splitlines()[0]} (tracking.enabled=false runs without MLflow)") from exc
+                exp_id = _experiment_id(client, cfg, runs_dir)
+                rev = git_revision()
+                tags = {"rlinf.stage": stage, "rlinf.run_dir": str(run_dir.resolve()), **tags}
+                if rev:
+                    tags["mlflow.source.git.commit"] = rev
+                    tags["git.revision"] = rev
+                run = client.create_run(exp_id, run_name=cfg.tracking.run_name or run_dir.name, tags=tags)
+        except UserError:
+            raise
+        except Exception as exc:  # MlflowException, SQLAlchemy and OS errors alike: one line
+            raise UserError(store_error(uri, exc)) from exc
         self.client = client
         self.run_id = run.info.run_id
+
+    def _resume(self, client: Any, run_id: str) -> bool:
+        """Continue MLflow run ``run_id`` if the store still has it (and make it match
+        ``metrics.jsonl``); False: it is gone, start a new run."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            return False
+        if run.info.lifecycle_stage == "deleted":
+            return False
+        self.client, self.run_id, self.resumed = client, run_id, True
+        self._sync_resumed(run)
+        client.update_run(self.run_id, status="RUNNING")
+        return True
+
+    def _sync_resumed(self, run: Any) -> None:
+        """Make the MLflow history equal ``metrics.jsonl`` (already cut back to the checkpoint)."""
+        from collections import Counter
+
+        from mlflow.entities import Metric
+
+        want = Counter(_point(k, v, row["step"]) for row in self.history for k, v in row.items() if k != "step")
+        have: Counter = Counter()
+        for key in run.data.metrics:
+            have.update(_point(key, m.value, m.step) for m in self.client.get_metric_history(self.run_id, key))
+        if not have - want:  # only points missing (a kill before the buffer was flushed): send them
+            now = int(time.time() * 1000)
+            self._buffer.extend(Metric(k, v, now, step) for (k, v, step), n in (want - have).items() for _ in range(n))
+            self.flush()
+            return
+        # The killed process sent points past the checkpoint. MLflow cannot delete points, so the
+        # run is rebuilt from metrics.jsonl under a new id, with the old run's params and tags,
+        # and the old one is deleted (recoverable with `mlflow gc`-less restore until purged).
+        from mlflow.entities import Param
+
+        client, old = self.client, run
+        tags = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.")}
+        tags["rlinf.rebuilt_from_run"] = old.info.run_id
+        new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=tags)
+        self.run_id = new.info.run_id
+        params = [Param(k, v) for k, v in old.data.params.items()]
+        for i in range(0, len(params), 100):
+            client.log_batch(self.run_id, params=params[i:i + 100])
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, v, now, step) for (k, v, step), n in want.items() for _ in range(n))
+        self.flush()
+        client.delete_run(old.info.run_id)
+        self.notes.append(f"tracking: MLflow run {old.info.run_id} held points past the checkpoint; it was rebuilt "
+                          f"from metrics.jsonl as run {self.run_id} (the old one is marked deleted)")
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.client is None:
@@ -106,22 +163,28 @@ class Tracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.history.append(row)
-        self.metrics_file.write(json.dumps(row) + "\n")
-        self.metrics_file.flush()
+        try:
+            self.metrics_file.write(json.dumps(row) + "\n")
+            self.metrics_file.flush()
+        except OSError as exc:
+            raise UserError(f"cannot write {self.run_dir / 'metrics.jsonl'}: {exc.strerror}{_disk_hint(exc)}") from exc
         if self.client is None:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
-        if time.monotonic() - self._last_flush > _FLUSH_SECONDS:
+        if time.monotonic() - self._last_flush > self._flush_s:
             self.flush()
 
     def flush(self) -> None:
         if self.client is None or not self._buffer:
             return
-        for i in range(0, len(self._buffer), 1000):
-            self.client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        try:
+            for i in range(0, len(self._buffer), 1000):
+                self.client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        except Exception as exc:
+            raise UserError(store_error(self.client.tracking_uri, exc)) from exc
         self._buffer.clear()
         self._last_flush = time.monotonic()
 
@@ -158,12 +221,12 @@ class Tracker:
                 raise
 
 
-def _truncate_metrics(path: Path, last_step: int) -> None:
+def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, float]]:
     """Drop rows logged after the checkpoint a run resumes from (they will be logged again),
-    and a last line the killed run left half-written."""
+    and a last line the killed run left half-written; returns the rows kept."""
     if not path.exists():
-        return
-    keep = []
+        return []
+    keep, rows = [], []
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
@@ -171,9 +234,77 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if isinstance(row, dict) and row.get("step", 0) <= last_step:
             keep.append(line)
+            rows.append(row)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)  # atomic: an interrupted resume leaves the old file whole
+    return rows
+
+
+def _point(key: str, value: float, step: Any) -> tuple[str, Any, int]:
+    """A metric point as a comparable tuple (NaN equals NaN here)."""
+    v = float(value)
+    return key, ("nan" if math.isnan(v) else v), int(step)
+
+
+def _experiment_id(client: Any, cfg: Any, runs_dir: Path) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_root = (runs_dir / "mlartifacts").resolve().as_uri() if cfg.tracking.uri is None else None
+    try:
+        return client.create_experiment(cfg.tracking.experiment, artifact_location=artifact_root)
+    except MlflowException:  # created meanwhile by a run on another store client
+        return client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def _check_writable(db: Path, uri: str) -> None:
+    """sqlite fails late and vaguely on a read-only file or directory: say it first."""
+    import os
+
+    if db.exists() and not os.access(db, os.W_OK):
+        raise UserError(f"the MLflow store {db} is read-only; make it writable, point tracking.uri elsewhere, "
+                        f"or run with tracking.enabled=false")
+    if not os.access(db.parent, os.W_OK):
+        raise UserError(f"cannot write in {db.parent} (the MLflow store {db.name} and its journal live there): "
+                        f"permission denied; choose a writable runs_dir=... or tracking.enabled=false")
+
+
+def store_error(uri: str, exc: BaseException) -> str:
+    """One line for a failure of the tracking store, with what to do about it."""
+    text = " ".join(str(exc).split())
+    low = text.lower()
+    if "readonly" in low or "read-only" in low:
+        why = "it is read-only; make it writable"
+    elif "disk i/o error" in low or "database or disk is full" in low or "no space" in low or "file too large" in low:
+        why = "the disk is full or a file-size limit was hit (disk I/O error); free space"
+    elif "unable to open database" in low or "permission denied" in low:
+        why = "it cannot be opened (permission denied?); check the path's permissions"
+    elif "migration" in low or "alembic" in low or "no such table" in low or "no such column" in low:
+        why = ("its schema is incomplete (an interrupted upgrade or creation by an older rlinf); move the file "
+               "aside (e.g. `mv mlflow.db mlflow.db.bad`) to start a fresh store")
+    else:
+        why = f"{type(exc).__name__}: {text[:200]}"
+    return f"tracking store {uri}: {why}; or run with tracking.enabled=false (metrics.jsonl is written either way)"
+
+
+def _disk_hint(exc: OSError) -> str:
+    import errno
+
+    return " (disk full or file-size limit)" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+
+
+def _open_append(path: Path) -> Any:
+    try:
+        return path.open("a")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}; choose a writable runs_dir=... or run_dir=...") from exc
 
 
 def plot_curve(history: list[dict[str, float]], x: str, ys: list[str], path: Path, title: str) -> Path | None:

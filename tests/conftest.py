@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import rlinf_cli  # noqa: F401  first: sets MKL's reproducibility mode before any torch op
+
 REPO = Path(__file__).resolve().parents[1]
 RLINF = str(Path(sys.executable).with_name("rlinf"))
 

@@ -30,6 +30,7 @@ from rlinf_cli.errors import UserError
 
 SCHEMA_VERSION = 1
 META = "meta.json"
+LOCK = ".lock"  # held by the collect writing the dataset
 _CHUNK_RE = re.compile(r"chunk-(\d{6})\.parquet$")
 
 
@@ -57,8 +58,12 @@ def sha256_file(path: Path) -> str:
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -79,32 +84,58 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 class DatasetWriter:
-    """Appends episodes to a dataset directory, one atomically written chunk at a time."""
+    """Appends episodes to a dataset directory, one atomically written chunk at a time.
+
+    One writer per dataset: a second ``rlinf collect`` into the same output is refused while the
+    first runs (an advisory lock, released when the writer's process ends however it ends).
+    ``meta.json`` only ever describes chunks that are on disk, and this call's provenance entry
+    appears with its first chunk. ``next_seed`` (set by the caller as it tries seeds) is recorded
+    with every chunk, so an appending collect never reuses a seed tried before, kept or not.
+    """
 
     def __init__(self, path: str | Path, spec: EnvSpec, provenance: dict[str, Any], chunk_episodes: int = 50):
+        from rlinf_cli.locks import FileLock
+
         self.path = Path(path)
         self.spec = spec
         self.chunk_episodes = max(1, chunk_episodes)
         self._buffer: list[Episode] = []
+        self._failed = False
+        existed = self.path.exists()
+        if existed and not (self.path / META).exists() and any(p.name != LOCK for p in self.path.iterdir()):
+            raise UserError(f"output '{self.path}' exists and is not an rlinf dataset; choose an empty or new directory")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the dataset directory '{self.path}': {exc.strerror}; "
+                            f"choose a writable output=...") from exc
+        self._created = not existed
+        self._lock = FileLock(self.path / LOCK).acquire(
+            blocking=False, busy=f"dataset '{self.path}' is being written by another rlinf collect (pid {{pid}}); "
+                                 f"wait for it to finish or choose another output=")
         if (self.path / META).exists():
             self.meta = read_meta(self.path)
             if self.meta["spec"] != spec.to_dict():
+                self._lock.release()
                 raise UserError(
                     f"dataset '{self.path}' holds another observation/action layout than this simulator; "
                     f"write to a new output directory"
                 )
         else:
-            if self.path.exists() and any(self.path.iterdir()):
-                raise UserError(f"output '{self.path}' exists and is not an rlinf dataset; choose an empty or new directory")
-            self.path.mkdir(parents=True, exist_ok=True)
             self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
                          "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
-        self.meta["provenance"].append(provenance)
-        _write_json_atomic(self.path / META, self.meta)
+        self.provenance = dict(provenance)
+        self.added = 0  # episodes this writer put on disk
+        self.next_seed: int | None = None
 
     @property
     def episodes_written(self) -> int:
         return int(self.meta["episodes"])
+
+    def seed_after(self, default: int) -> int:
+        """The first seed an appending collect may use: after every seed tried before (datasets
+        from before this was recorded: ``default``)."""
+        return max(int(self.meta.get("next_seed", default)), default)
 
     def add(self, episode: Episode) -> None:
         self._buffer.append(episode)
@@ -112,27 +143,47 @@ class DatasetWriter:
             self.flush()
 
     def flush(self) -> None:
-        if not self._buffer:
+        if not self._buffer or self._failed:
             return
         import pyarrow.parquet as pq
 
         index = self._next_chunk_index()
         name = f"chunk-{index:06d}.parquet"
         first = int(self.meta["episodes"])
-        table = episodes_to_table(self._buffer, self.spec, first)
         final = self.path / name
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        steps = sum(len(e) for e in self._buffer)
-        self.meta["chunks"].append({"file": name, "first_episode": first, "episodes": len(self._buffer),
-                                    "steps": steps, "sha256": sha256_file(final)})
-        self.meta["episodes"] = first + len(self._buffer)
-        self.meta["steps"] = int(self.meta["steps"]) + steps
-        self.meta["successes"] = int(self.meta.get("successes", 0)) + sum(bool(e.success.any()) for e in self._buffer)
-        _write_json_atomic(self.path / META, self.meta)
+        meta = json.loads(json.dumps(self.meta))  # committed only once the chunk is on disk
+        try:
+            pq.write_table(episodes_to_table(self._buffer, self.spec, first), tmp, compression="zstd")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            steps = sum(len(e) for e in self._buffer)
+            meta["chunks"].append({"file": name, "first_episode": first, "episodes": len(self._buffer),
+                                   "steps": steps, "sha256": sha256_file(final)})
+            meta["episodes"] = first + len(self._buffer)
+            meta["steps"] = int(meta["steps"]) + steps
+            meta["successes"] = int(meta.get("successes", 0)) + sum(bool(e.success.any()) for e in self._buffer)
+            if self.next_seed is not None:
+                meta["next_seed"] = int(self.next_seed)
+            entry = {**self.provenance, "episodes": self.added + len(self._buffer)}
+            if self.added:
+                meta["provenance"][-1] = entry
+            else:
+                meta["provenance"].append(entry)
+            _write_json_atomic(self.path / META, meta)
+        except Exception as exc:
+            self._failed = True
+            tmp.unlink(missing_ok=True)
+            if final.exists() and not any(c["file"] == name for c in self.meta["chunks"]):
+                final.unlink(missing_ok=True)  # not in meta.json: as if never written
+            if not isinstance(exc, OSError) and not _arrow_io_error(exc):
+                raise
+            raise UserError(f"cannot write to dataset '{self.path}': {getattr(exc, 'strerror', None) or exc}"
+                            f"{_disk_hint(exc)}; it keeps its {self.episodes_written} complete episodes "
+                            f"({len(self._buffer)} new ones were lost)") from exc
+        self.meta = meta
+        self.added += len(self._buffer)
         self._buffer.clear()
 
     def _next_chunk_index(self) -> int:
@@ -141,7 +192,34 @@ class DatasetWriter:
         return max(used, default=-1) + 1
 
     def close(self) -> None:
-        self.flush()
+        """Write what is buffered (and record how far seeds went), then release the dataset."""
+        try:
+            self.flush()
+            if not self._failed and self.next_seed is not None and (self.path / META).exists() \
+                    and self.meta.get("next_seed") != self.next_seed:
+                self.meta["next_seed"] = int(self.next_seed)  # seeds tried after the last chunk
+                _write_json_atomic(self.path / META, self.meta)
+        finally:
+            if self._created and not (self.path / META).exists():  # nothing was written: leave nothing
+                import shutil
+
+                shutil.rmtree(self.path, ignore_errors=True)
+            self._lock.release()
+
+
+def _arrow_io_error(exc: BaseException) -> bool:
+    import pyarrow as pa
+
+    return isinstance(exc, pa.ArrowException) and ("error" in str(exc).lower())
+
+
+def _disk_hint(exc: BaseException) -> str:
+    import errno
+
+    text = str(exc).lower()
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "too large" in text or "no space" in text:
+        return " (disk full or a file-size limit)"
+    return ""
 
 
 def episodes_to_table(episodes: list[Episode], spec: EnvSpec, first_episode: int) -> Any:

@@ -46,6 +46,16 @@ def init_process_group(accelerator: Any) -> tuple[int, int]:
     return rank, size
 
 
+def gather_to_first(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, as a list on rank 0 (``[]`` elsewhere); ``[obj]`` in one process."""
+    rank, size = world()
+    if size <= 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
+    out: list[Any] | None = [None] * size if rank == 0 else None
+    torch.distributed.gather_object(obj, out, dst=0)
+    return out or []
+
+
 def shutdown() -> None:
     """Barrier and destroy the process group (without it, rank 1 can abort at exit)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

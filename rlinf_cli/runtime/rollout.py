@@ -66,6 +66,14 @@ class EpisodeTracker:
         self.length = np.zeros(n, dtype=np.int64)
         self.success = np.zeros(n, dtype=bool)
 
+    def state(self) -> dict[str, np.ndarray]:
+        return {"ret": self.ret.copy(), "length": self.length.copy(), "success": self.success.copy()}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        self.ret[:] = state["ret"]
+        self.length[:] = state["length"]
+        self.success[:] = state["success"]
+
     def update(self, sb: StepBatch, lo: int = 0) -> list[EpisodeStats]:
         """Account one step of envs ``lo .. lo + len(sb.reward) - 1``; returns the episodes that ended."""
         hi = lo + len(sb.reward)
@@ -83,7 +91,16 @@ class EpisodeTracker:
 
 
 class Runner:
-    """Collects fixed-length rollouts from an auto-resetting VecEnv."""
+    """Collects fixed-length rollouts from an auto-resetting VecEnv.
+
+    It also keeps what a checkpoint needs to continue the running episodes exactly: each env's
+    seed stream and episode index, and the actions it took since its episode began (see
+    :meth:`state` and :meth:`restore`; the env replays them).
+    """
+
+    # an env whose episode never ends would grow its action log without bound: past this many
+    # steps it is not logged, and a resume starts that env on a fresh episode instead
+    MAX_REPLAY_STEPS = 100_000
 
     def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu"):
         self.env = env
@@ -91,11 +108,68 @@ class Runner:
         self.device = torch.device(device)
         self.spec = env.spec
         self.obs: Obs | None = None
-        self.tracker = EpisodeTracker(env.num_envs)
+        n = env.num_envs
+        self.tracker = EpisodeTracker(n)
+        self.streams = np.zeros(n, dtype=np.int64)
+        self.episodes = np.zeros(n, dtype=np.int64)
+        self._actions: list[list[np.ndarray]] = [[] for _ in range(n)]  # env actions since each episode began
 
     def reset(self, seeds: Sequence[int]) -> None:
         self.obs = self.env.reset(seeds)
-        self.tracker = EpisodeTracker(self.env.num_envs)
+        n = self.env.num_envs
+        self.tracker = EpisodeTracker(n)
+        self.streams[:] = seeds
+        self.episodes[:] = 0
+        self._actions = [[] for _ in range(n)]
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays that let :meth:`restore` continue every env's running episode exactly."""
+        logs = [np.concatenate(chunks) if chunks else np.zeros((0, *self.spec.action.shape), self._action_dtype())
+                for chunks in self._actions]
+        lengths = np.array([len(a) for a in logs], dtype=np.int64)
+        actions = np.zeros((len(logs), int(lengths.max(initial=0)), *self.spec.action.shape), self._action_dtype())
+        for i, a in enumerate(logs):
+            actions[i, :len(a)] = a
+        lengths[self.tracker.length > self.MAX_REPLAY_STEPS] = -1  # not replayable: restore starts it anew
+        return {"streams": self.streams.copy(), "episodes": self.episodes.copy(), "actions": actions,
+                "action_lengths": lengths, **self.tracker.state()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from :meth:`state` of a run with the same envs (replays the logged actions)."""
+        n = self.env.num_envs
+        if len(state["streams"]) != n:
+            raise ValueError(f"the saved env state has {len(state['streams'])} envs, this run {n}")
+        lengths = state["action_lengths"]
+        episodes = state["episodes"].copy()
+        fresh = lengths < 0  # an env past MAX_REPLAY_STEPS: starts its next episode instead
+        episodes[fresh] += 1
+        logs = [state["actions"][i, :max(int(lengths[i]), 0)] for i in range(n)]
+        self.obs = self.env.restore([int(x) for x in state["streams"]], [int(k) for k in episodes], logs)
+        self.streams[:] = state["streams"]
+        self.episodes[:] = episodes
+        self._actions = [[a.copy()] if len(a) else [] for a in logs]
+        self.tracker = EpisodeTracker(n)
+        self.tracker.load(state)
+        self.tracker.length[fresh] = 0
+        self.tracker.ret[fresh] = 0.0
+        self.tracker.success[fresh] = False
+
+    def _action_dtype(self) -> Any:
+        return np.int64 if self.spec.discrete else np.float32
+
+    def _log_actions(self, actions: torch.Tensor, dones: torch.Tensor) -> None:
+        """Account one rollout ([T, N]) in the per-env action logs and episode indices."""
+        sent = env_action(self.spec, actions)  # what the envs received
+        ended = dones.cpu().numpy() > 0
+        for i in range(sent.shape[1]):
+            d = np.flatnonzero(ended[:, i])
+            if d.size:
+                self.episodes[i] += d.size
+                self._actions[i] = [sent[d[-1] + 1:, i].copy()]
+            else:
+                self._actions[i].append(sent[:, i].copy())
+            if self.tracker.length[i] > self.MAX_REPLAY_STEPS:
+                self._actions[i] = []  # too long to replay; state() marks it
 
     @torch.no_grad()
     def collect_steps(self, num_steps: int) -> Rollout:
@@ -113,6 +187,7 @@ class Runner:
             self._collect_pipelined(num_steps, buf, groups)
         else:
             self._collect_sync(num_steps, buf)
+        self._log_actions(buf.actions, buf.dones)
         policy = self.policy
         last_value = policy.get_value(obs_to_torch(self.obs, dev)) if policy.has_critic else torch.zeros(n, device=dev)
         stats = buf.stats

@@ -3,6 +3,11 @@
 Executors build on it: the local executor uses it directly (collocated) or inside worker
 processes; the Ray executor inside actors. Observations are written into preallocated arrays,
 so a step costs one Python call per env and no dict rebuilding.
+
+Every episode starts from an explicit seed. ``reset(seeds)`` starts one *seed stream* per env;
+with ``autoreset`` the k-th episode of stream s begins with ``reset(seed=episode_seed(s, k))``.
+An env's state is therefore a function of (stream, k, actions since that episode began), which
+is what a checkpoint saves and :meth:`SyncVecEnv.restore` replays to continue a run exactly.
 """
 
 from __future__ import annotations
@@ -12,6 +17,25 @@ from typing import Sequence
 import numpy as np
 
 from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
+from rlinf_cli.errors import UserError
+
+# Training seeds stay below this; evaluation seeds start at it (eval.seed), so they are held out.
+TRAIN_SEED_SPACE = 1_000_000
+
+
+def episode_seed(stream: int, k: int) -> int:
+    """Seed of episode ``k`` of seed stream ``stream`` (episode 0 is the stream's own seed).
+
+    Hashing (stream, k) rather than chaining seeds keeps streams apart: two envs whose seeds
+    collide once do not share every later episode.
+    """
+    if k == 0:
+        return int(stream)
+    return int(np.random.SeedSequence([int(stream), int(k)]).generate_state(1)[0]) % TRAIN_SEED_SPACE
+
+
+class ReplayError(UserError):
+    """Replaying an episode's actions did not reproduce it: the simulator is not deterministic."""
 
 
 def alloc_obs(spec: EnvSpec, n: int) -> Obs:
@@ -34,13 +58,34 @@ class SyncVecEnv:
         self.envs = [simulator.make_env(i) for i in self.indices]
         self._obs = alloc_obs(self.spec, self.num_envs)
         self._done = np.zeros(self.num_envs, dtype=bool)
+        self._streams: list[int | None] = [None] * self.num_envs
+        self._episodes = np.zeros(self.num_envs, dtype=np.int64)
 
     def reset(self, seeds: Sequence[int | None]) -> Obs:
         if len(seeds) != self.num_envs:
             raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
-        for i, (env, seed) in enumerate(zip(self.envs, seeds)):
-            obs, _ = env.reset(seed=None if seed is None else int(seed))
+        return self.restore(seeds, [0] * self.num_envs, None)
+
+    def restore(self, streams: Sequence[int | None], episodes: Sequence[int],
+                actions: Sequence[np.ndarray] | None) -> Obs:
+        """Env i starts episode ``episodes[i]`` of seed stream ``streams[i]`` and replays
+        ``actions[i]`` ([L, *action_shape], the actions it took since that episode began)."""
+        if len(streams) != self.num_envs or len(episodes) != self.num_envs:
+            raise ValueError(f"restore needs {self.num_envs} streams and episode indices")
+        for i, env in enumerate(self.envs):
+            stream, k = streams[i], int(episodes[i])
+            obs, _ = env.reset(seed=None if stream is None else episode_seed(int(stream), k))
+            replay = actions[i] if actions is not None else ()
+            for t, a in enumerate(replay):
+                obs, _, term, trunc, _ = env.step(a)
+                if term or trunc:  # the logged actions are of an episode still running
+                    raise ReplayError(
+                        f"replaying env {self.indices[i]}'s episode (seed {episode_seed(int(stream or 0), k)}) ended at "
+                        f"step {t + 1} of {len(replay)}: this simulator is not deterministic given a seed and actions. "
+                        f"Its plugin should set EnvSpec(replayable=False); resumed runs then start fresh episodes")
             write_obs(self._obs, i, obs)
+            self._streams[i] = None if stream is None else int(stream)
+        self._episodes[:] = episodes
         self._done[:] = False
         return {k: v.copy() for k, v in self._obs.items()}
 
@@ -64,7 +109,9 @@ class SyncVecEnv:
                     if final_obs is None:
                         final_obs = alloc_obs(self.spec, n)
                     write_obs(final_obs, i, obs)
-                    obs, _ = env.reset()
+                    self._episodes[i] += 1
+                    stream = self._streams[i]
+                    obs, _ = env.reset(seed=None if stream is None else episode_seed(stream, int(self._episodes[i])))
                 else:
                     self._done[i] = True
             write_obs(self._obs, i, obs)

@@ -188,7 +188,11 @@ class EnvWorker:
         return self.encoders[i].encode(obs, keyframe)
 
     def reset(self, i: int, seeds: Sequence[int | None]) -> Reply:
-        obs = self.envs[i].reset(seeds)
+        return self.restore(i, seeds, [0] * len(seeds), None)
+
+    def restore(self, i: int, streams: Sequence[int | None], episodes: Sequence[int],
+                actions: Sequence[np.ndarray] | None) -> Reply:
+        obs = self.envs[i].restore(streams, episodes, actions)
         packed, stats = self._emit(i, obs, keyframe=True)
         return Reply(packed, None, None, None, None, None, stats)
 
@@ -265,7 +269,9 @@ class WorkerVecEnv:
                 self._local[sid] = j
         self._decoders = [ObsDecoder(codec) for _ in shards]
         self._obs = alloc_obs(spec, num_envs)  # last observation of every env (decoded)
-        self._seeds = np.zeros(num_envs, dtype=np.int64)
+        self._streams: list[int | None] = [None] * num_envs  # seed stream of every env (see vector.py)
+        self._episodes = np.zeros(num_envs, dtype=np.int64)  # episode index within its stream
+        self._replay: list[np.ndarray] | None = None  # actions of the restore in progress (a retry needs them)
         self._pending: dict[int, Any] = {}  # shard id -> ticket of its in-flight step
         self._fabricated: dict[int, Reply] = {}  # shard id -> reply standing in for a lost step
         self._reset_done: set[int] = set()  # shards re-reset by a recovery during reset()
@@ -275,18 +281,30 @@ class WorkerVecEnv:
     def reset(self, seeds: Sequence[int | None]) -> Obs:
         if len(seeds) != self.num_envs:
             raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
+        return self.restore(seeds, [0] * self.num_envs, None)
+
+    def restore(self, streams: Sequence[int | None], episodes: Sequence[int],
+                actions: Sequence[np.ndarray] | None) -> Obs:
         self._drain()
         self._fabricated.clear()
         self._reset_done.clear()
-        self._seeds[:] = [0 if s is None else int(s) for s in seeds]
-        tickets = {sid: self.handles[s.worker].submit("reset", self._local[sid], list(seeds[s.lo:s.hi]))
+        self._streams = [None if s is None else int(s) for s in streams]
+        self._episodes[:] = episodes
+        self._replay = list(actions) if actions is not None else None
+        tickets = {sid: self.handles[s.worker].submit("restore", self._local[sid], *self._restore_args(s))
                    for sid, s in enumerate(self.shards)}
         for sid, ticket in tickets.items():
-            if sid in self._reset_done:  # its worker was restarted (and re-reset) while we waited
+            if sid in self._reset_done:  # its worker was restarted (and re-restored) while we waited
                 continue
             reply = self._wait(sid, ticket, "reset")
             self._store_obs(sid, reply)
+        self._replay = None
         return {k: v.copy() for k, v in self._obs.items()}
+
+    def _restore_args(self, s: Shard, next_episode: bool = False) -> tuple[list, list, list | None]:
+        episodes = self._episodes[s.lo:s.hi] + (1 if next_episode else 0)
+        replay = None if self._replay is None or next_episode else self._replay[s.lo:s.hi]
+        return self._streams[s.lo:s.hi], [int(k) for k in episodes], replay
 
     def step(self, actions: np.ndarray) -> StepBatch:
         for g, (lo, hi) in enumerate(self.pipeline_groups):
@@ -349,6 +367,8 @@ class WorkerVecEnv:
             reward[a:b] = reply.reward
             terminated[a:b] = reply.terminated
             truncated[a:b] = reply.truncated
+            if self.autoreset:  # the worker's env moved on to the next episode of its stream
+                self._episodes[s.lo:s.hi] += reply.terminated | reply.truncated
             success[a:b] = reply.success
             for k, v in reply.stats.items():
                 stats[k] = stats.get(k, 0.0) + v
@@ -409,13 +429,12 @@ class WorkerVecEnv:
             s = self.shards[i]
             n = s.hi - s.lo
             self._decoders[i].reset()
-            if what == "reset":  # retry the reset the caller asked for, with its seeds
-                seeds = [int(x) for x in self._seeds[s.lo:s.hi]]
-            else:  # fresh episodes on seeds derived from the interrupted ones: deterministic, not repeats
-                seeds = [int((x + 1_000_003 * self.restarts) % 2**31) for x in self._seeds[s.lo:s.hi]]
+            # a reset (or restore) is retried as asked; an interrupted episode counts as ended
+            # (truncated) and its env starts the next episode of its seed stream
+            args = self._restore_args(s, next_episode=what != "reset")
             last = {k: v[s.lo:s.hi].copy() for k, v in self._obs.items()}
             try:
-                reply = handle.result(handle.submit("reset", self._local[i], seeds))
+                reply = handle.result(handle.submit("restore", self._local[i], *args))
                 if not self.autoreset and what != "reset":
                     handle.result(handle.submit("park", self._local[i]))
             except (WorkerDied, RemoteError) as exc:

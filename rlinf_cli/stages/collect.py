@@ -73,7 +73,6 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli import __version__
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
-    from rlinf_cli.tracking import Tracker
 
     sim = common.make_simulator(cfg.sim)
     provenance = {
@@ -86,52 +85,65 @@ def run(cfg: Any) -> dict[str, Any]:
     act = common.make_actor(str(cfg.policy), sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
     act = _with_noise(act, sim.spec, float(cfg.action_noise), float(cfg.epsilon), rng)
     writer = DatasetWriter(cfg.output, sim.spec, provenance, int(cfg.chunk_episodes))
-    first_seed = int(cfg.seed) + writer.episodes_written  # appending continues with fresh seeds
-    provenance["first_seed"] = first_seed
-    want = int(cfg.episodes)
-    kept: list[Episode] = []
-    tried = 0
-    executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
-    n = max(1, min(int(cfg.num_envs), want))
-    env = executor.make_vec_env(sim, n, autoreset=False)
-    from rlinf_cli.runtime.rollout import run_episodes
+    env = None
+    try:  # whatever fails from here on, the dataset keeps what it had and is released
+        # appending continues after every seed tried before (kept or dropped by only_success)
+        first_seed = writer.seed_after(int(cfg.seed) + writer.episodes_written)
+        writer.provenance["first_seed"] = first_seed
+        want = int(cfg.episodes)
+        kept: list[Episode] = []
+        tried = 0
+        executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
+        n = max(1, min(int(cfg.num_envs), want))
+        env = executor.make_vec_env(sim, n, autoreset=False)
+        from rlinf_cli.runtime.rollout import run_episodes
 
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "collect", common.plugin_tags(cfg)) as tracker, \
-            Progress(ctx.log, f"collect {cfg.policy}", want, "episodes", enabled=bool(cfg.progress)) as progress:
-        tracker.log_params(flatten(cfg))
-        try:
-            while len(kept) < want:
-                if tried >= 20 * want:
-                    ctx.note(f"stopping: {tried} episodes tried, {len(kept)} kept (only_success=true and the policy rarely succeeds)")
-                    break
-                seeds = [first_seed + tried + i for i in range(n)]
-                buf = EpisodeBuffer(n)
-                stats = run_episodes(env, act, seeds, buf)
-                tried += n
-                for i, st in enumerate(stats):
-                    if len(kept) >= want or (cfg.only_success and not st.success_once):
-                        continue
-                    ep = buf.episode(i, seeds[i])
-                    kept.append(ep)
-                    writer.add(ep)
-                    progress.update(1, (f"success {np.mean([e.success.any() for e in kept]):.0%}  " if sim.spec.has_success else "")
-                                    + f"return {np.mean([e.rewards.sum() for e in kept]):.1f}")
-        finally:
-            writer.close()  # finished episodes are never lost, also on Ctrl-C
+        with ctx.track(cfg, common.plugin_tags(cfg)) as tracker, \
+                Progress(ctx.log, f"collect {cfg.policy}", want, "episodes", enabled=bool(cfg.progress)) as progress:
+            tracker.log_params(flatten(cfg))
+            try:
+                while len(kept) < want:
+                    if tried >= 20 * want:
+                        ctx.note(f"stopping: {tried} episodes tried, {len(kept)} kept "
+                                 f"(only_success=true and the policy rarely succeeds)")
+                        break
+                    seeds = [first_seed + tried + i for i in range(n)]
+                    buf = EpisodeBuffer(n)
+                    stats = run_episodes(env, act, seeds, buf)
+                    tried += n
+                    writer.next_seed = first_seed + tried
+                    for i, st in enumerate(stats):
+                        if len(kept) >= want or (cfg.only_success and not st.success_once):
+                            continue
+                        ep = buf.episode(i, seeds[i])
+                        kept.append(ep)
+                        writer.add(ep)
+                        progress.update(1, (f"success {np.mean([e.success.any() for e in kept]):.0%}  "
+                                            if sim.spec.has_success else "")
+                                        + f"return {np.mean([e.rewards.sum() for e in kept]):.1f}")
+                writer.close()
+            except KeyboardInterrupt:
+                progress.close()
+                writer.close()  # finished episodes are never lost
+                ctx.note(f"interrupted: {writer.added} episodes were added to {writer.path} ({writer.episodes_written} "
+                         f"in total); run the same command again to add more (it continues with fresh seeds)")
+                raise
+            progress.close()
+            summary = common.summarize([EpisodeStats(float(e.rewards.sum()), len(e), bool(e.success.any()),
+                                                     bool(e.success[-1])) for e in kept], sim.spec.has_success)
+            tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
+            tracker.log_artifact(writer.path / "meta.json", "dataset")
+            result = {"stage": "collect", "dataset": str(writer.path), "episodes_added": len(kept),
+                      "episodes_total": writer.episodes_written, "tried": tried, "run_dir": str(ctx.run_dir),
+                      "seconds": round(time.time() - ctx.started, 2), "summary": summary, "mlflow_run_id": tracker.run_id}
+            table = common.eval_table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
+            common.write_result(ctx, tracker, result, table)
+            ctx.console.print(table)
+            ctx.note(f"dataset: {writer.path} ({writer.episodes_written} episodes in total)")
+    finally:
+        writer.close()
+        if env is not None:
             env.close()
-        progress.close()
-        summary = common.summarize([EpisodeStats(float(e.rewards.sum()), len(e), bool(e.success.any()), bool(e.success[-1]))
-                                    for e in kept], sim.spec.has_success)
-        tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
-        tracker.log_artifact(writer.path / "meta.json", "dataset")
-        result = {"stage": "collect", "dataset": str(writer.path), "episodes_added": len(kept),
-                  "episodes_total": writer.episodes_written, "tried": tried, "run_dir": str(ctx.run_dir),
-                  "seconds": round(time.time() - ctx.started, 2), "summary": summary, "mlflow_run_id": tracker.run_id}
-        table = common.eval_table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
-        common.write_result(ctx, tracker, result, table)
-        ctx.console.print(table)
-        ctx.note(f"dataset: {writer.path} ({writer.episodes_written} episodes in total)")
     if not kept:
         raise UserError("no episode was kept; nothing was added to the dataset")
     return result

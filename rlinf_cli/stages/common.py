@@ -27,29 +27,103 @@ class RunContext:
     log: Any  # rich Console for progress and notes (stderr)
     cfg_yaml: str = ""
     started: float = field(default_factory=time.time)
+    # run_dir was picked here (<runs_dir>/<stage>/<time>-<label>): open() takes the next free name
+    auto_dir: bool = False
+    continues: bool = False  # run_dir holds this run already (resume): it may exist
+    _lock: Any = None
+    _created: bool = False
 
     def note(self, msg: str) -> None:
         self.log.print(msg, highlight=False)
 
     def open(self) -> Path:
-        """Create the run directory and save the resolved config. Stages call this once their
-        inputs are validated, so a run rejected for bad input leaves nothing behind."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "rlinf.yaml").write_text(self.cfg_yaml)
+        """Create the run directory, lock it for this process and save the resolved config.
+
+        Stages call this once their inputs are validated, so a run rejected for bad input leaves
+        nothing behind. Runs started in the same second get distinct directories (creation is
+        exclusive); a directory another live process holds is refused.
+        """
+        if self._lock is not None:
+            return self.run_dir
+        from rlinf_cli.locks import FileLock
+
+        try:
+            if self.auto_dir:
+                self.run_dir = create_unique(self.run_dir)
+                self._created = True
+            else:
+                if (self.run_dir / "rlinf.yaml").exists() and not self.continues:
+                    raise UserError(f"run_dir '{self.run_dir}' already holds a run; choose a new run_dir "
+                                    f"(or continue that run with resume=<its checkpoint>)")
+                self._created = not self.run_dir.exists()
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = FileLock(self.run_dir / ".lock").acquire(
+                blocking=False, busy=f"run directory '{self.run_dir}' is in use by another rlinf process (pid {{pid}}); "
+                                     f"wait for it to finish or choose another run_dir")
+            (self.run_dir / "rlinf.yaml").write_text(self.cfg_yaml)
+        except OSError as exc:
+            raise UserError(f"cannot create the run directory '{self.run_dir}': {exc.strerror}; "
+                            f"choose a writable runs_dir=... (or run_dir=...)") from exc
         return self.run_dir
+
+    def track(self, cfg: Any, tags: dict[str, str], resume_run_id: str | None = None,
+              resume_step: int | None = None) -> Any:
+        """Open the run directory and start tracking it (a :class:`~rlinf_cli.tracking.Tracker`).
+
+        If the tracking store refuses (read-only, damaged, disk full), a run directory made just
+        now is removed again: a failed start leaves nothing behind.
+        """
+        from rlinf_cli.tracking import Tracker
+
+        self.open()
+        try:
+            tracker = Tracker(cfg, self.run_dir, self.stage, tags, resume_run_id, resume_step)
+        except BaseException:
+            if self._created:
+                import shutil
+
+                self._lock.release()
+                self._lock = None
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+        for line in tracker.notes:
+            self.note(line)
+        return tracker
+
+
+def create_unique(base: Path) -> Path:
+    """``base``, or ``base-1``, ``base-2``, ...: the first name this process creates itself."""
+    run_dir, i = base, 1
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                run_dir.mkdir()
+                return run_dir
+            except FileExistsError:
+                run_dir = base.with_name(f"{base.name}-{i}")
+                i += 1
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory '{run_dir}': {exc.strerror}; "
+                        f"choose a writable runs_dir=... (or run_dir=...)") from exc
+
+
+def resumed_run_dir(cfg: Any, resume_dir: Path | None) -> Path | None:
+    """Where a resumed run continues: the checkpoint's own run directory, unless ``run_dir=``
+    names another one (None: a new directory)."""
+    if resume_dir is None:
+        return None
+    own = resume_dir.parent.parent
+    if not (own / "rlinf.yaml").exists() or (cfg.run_dir and Path(cfg.run_dir).resolve() != own.resolve()):
+        return None
+    return own
 
 
 def make_run_dir(cfg: Any, stage: str, label: str) -> Path:
     """The run directory's path (not created): ``run_dir`` or ``<runs_dir>/<stage>/<time>-<label>``."""
     if cfg.run_dir:
         return Path(cfg.run_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.runs_dir) / stage / f"{stamp}-{label}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir = base.with_name(f"{base.name}-{i}")
-        i += 1
-    return run_dir
+    return Path(cfg.runs_dir) / stage / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
 
 
 def seed_everything(seed: int) -> None:
@@ -72,7 +146,9 @@ def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunC
     accel = select_accelerator(cfg.accelerator.name)
     console = Console(quiet=False)
     log = Console(stderr=True, quiet=bool(cfg.quiet))
-    return RunContext(stage, run_dir or make_run_dir(cfg, stage, label), accel.device(), accel, console, log, to_yaml(cfg))
+    path = run_dir or make_run_dir(cfg, stage, label)
+    return RunContext(stage, path, accel.device(), accel, console, log, to_yaml(cfg),
+                      auto_dir=run_dir is None and not cfg.run_dir, continues=run_dir is not None)
 
 
 def select_accelerator(name: str) -> Any:

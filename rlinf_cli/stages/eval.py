@@ -18,7 +18,6 @@ def run(cfg: Any) -> dict[str, Any]:
 
         return text_eval.run_eval(cfg)
     from rlinf_cli.config import flatten
-    from rlinf_cli.tracking import Tracker
 
     source = str(cfg.checkpoint)
     sim = common.make_simulator(cfg.sim)
@@ -28,8 +27,7 @@ def run(cfg: Any) -> dict[str, Any]:
     executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
     from rlinf_cli.progress import Progress
 
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
             Progress(ctx.log, "eval", int(cfg.episodes), "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
         episodes = common.evaluate(act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs),

@@ -53,6 +53,7 @@ def run(args: list[str]) -> dict[str, Any]:
     from rich.table import Table
 
     from rlinf_cli.config import compose, inherited_overrides
+    from rlinf_cli.validate import validate
     from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
 
     routed = route(args)
@@ -62,16 +63,22 @@ def run(args: list[str]) -> dict[str, Any]:
     if sim_modality(probe.sim) == "text":
         raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{probe.sim.name}' run "
                         "collect, sft, rl and eval (see docs/llm.md)")
-    root = Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
+    # every step's settings are checked before the first one runs (placeholders for the inputs
+    # that earlier steps produce)
+    placeholders = {"collect": ["output=unused"], "sft": ["dataset=unused"], "eval": ["checkpoint=random"]}
+    for step in STEPS:
+        name = _STAGE_OF[step]
+        validate(name, compose(name, routed[step] + placeholders.get(name, [])))
+    root = common.create_unique(Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S"))
     console = Console()
     results: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
 
     def stage(step: str, extra: list[str]) -> dict[str, Any]:
-        overrides = routed[step] + extra + [f"run_dir={root / step}"]
+        overrides = routed[step] + [f"run_dir={root / step}"] + extra  # extra may name its own run_dir
         name = _STAGE_OF[step]
         cfg = compose(name, overrides, inherited_overrides(name, overrides))
+        validate(name, cfg)
         console.rule(f"[bold]{step}")
         t0 = time.time()
         module = {"rl": rl, "collect": collect, "sft": sft, "eval": eval_stage}[name]

@@ -48,19 +48,16 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli import checkpoint as ckpt
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
-    from rlinf_cli.runtime.rollout import EpisodeRecorder, Runner, policy_actor, run_episodes
+    from rlinf_cli.runtime.rollout import EpisodeRecorder, EpisodeStats, Runner, policy_actor, run_episodes
     from rlinf_cli.runtime.vector import SyncVecEnv
     from rlinf_cli.runtime.trainer import update
     from rlinf_cli.stages import rl_backend
-    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout == "supervised":
         raise UserError(f"algorithm '{cfg.algo.name}' learns from a dataset: use `rlinf sft`, not `rlinf rl`")
     resume_dir = Path(cfg.resume) if cfg.resume else None
-    run_dir = None
-    if resume_dir is not None and not cfg.run_dir and (resume_dir.parent.parent / "rlinf.yaml").exists():
-        run_dir = resume_dir.parent.parent  # a resumed run continues in its own directory
+    run_dir = common.resumed_run_dir(cfg, resume_dir)  # a resumed run continues in its own directory
     rank, world = rl_backend.setup_ranks(cfg)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir if rank == 0 else None)
     sim = common.make_simulator(cfg.sim)
@@ -82,20 +79,24 @@ def run(cfg: Any) -> dict[str, Any]:
         state = ckpt.load_training_state(resume_dir, optimizer, generator)
         ctx.note(f"resuming from {resume_dir} at iteration {state['iteration']} ({state['env_steps']:,} env steps)")
     cfg_yaml = to_yaml(cfg)
-    ckpt_dir = ctx.run_dir / "checkpoints"
     interval = max(1, int(cfg.checkpoint.interval))
     total = int(cfg.total_steps)
 
     overlap = bool(cfg.get("runtime", {}).get("overlap_update", False)) and not episodic
+    start_it = state["iteration"]
+    # A fresh run starts env seed streams from the seed; a resumed one replays the saved env state
+    # (exact), or, where the simulator cannot replay, starts fresh episodes (docs/runtime.md).
+    first_seeds = common.training_seeds(int(cfg.seed), start_it * world + rank, num_envs)
+    env_state = ckpt.load_rank_state(resume_dir, rank) if resume_dir is not None else None
+    if env_state is not None and rank > 0:  # its own RNG streams (rank 0's are in rng.safetensors)
+        ckpt.set_rng_state({k[4:]: torch.from_numpy(v) for k, v in env_state.items() if k.startswith("rng.")},
+                           generator)
     if overlap:  # the next rollout is collected in another process during the update
         from rlinf_cli.runtime.overlap import OverlappedRunner
 
-        start_it = state["iteration"]
         runtime = common.runtime_options(cfg)
         env = runner = OverlappedRunner(
-            sim, policy, num_envs, int(cfg.seed) + 1,
-            lambda i: common.training_seeds(int(cfg.seed), (i // interval) * world + rank, num_envs)
-            if i == start_it or i % interval == 0 else None,
+            sim, policy, num_envs, int(cfg.seed) + 1, lambda i: first_seeds if i == start_it else None,
             start_iteration=start_it, start_method=str(runtime.get("start_method", "forkserver")),
             executor=None if runtime.get("mode", "collocated") == "collocated"
             else {**dict(plain(cfg.executor)), "runtime": runtime})
@@ -111,14 +112,21 @@ def run(cfg: Any) -> dict[str, Any]:
         ctx.note(f"runtime: {executor.describe()}")
     tags["rlinf.runtime"] = executor.describe()
     result: dict[str, Any] = {}
-    ctx.open()
     resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["env_steps"]} if resume_dir else {}
-    with Tracker(cfg, ctx.run_dir, "rl", tags, **resumed) as tracker, \
+    with ctx.track(cfg, tags, **resumed) as tracker, \
             _progress(ctx, cfg, total, state["env_steps"]) as progress:
+        ckpt_dir = ctx.run_dir / "checkpoints"
         tracker.log_params(flatten(cfg))
-        recent: list[Any] = []
-        first = True
+        recent: list[Any] = [EpisodeStats(*e) for e in state.pop("recent_episodes", [])]
         try:
+            if not overlap and not episodic:
+                if env_state is not None and "streams" in env_state and sim.spec.replayable:
+                    runner.restore(env_state)
+                else:
+                    if resume_dir is not None:
+                        ctx.note("resume: the simulator's episodes cannot be replayed (EnvSpec.replayable=False or no "
+                                 "saved env state); the resumed run starts fresh episodes")
+                    runner.reset(first_seeds)
             while state["env_steps"] < total:
                 it = state["iteration"]
                 if c.anneal_lr:
@@ -134,8 +142,6 @@ def run(cfg: Any) -> dict[str, Any]:
                     if keep is not None:
                         rollout.mask = rollout.mask * keep.repeat_interleave(c.group_size).to(rollout.mask).unsqueeze(0)
                 else:
-                    if not overlap and (first or it % interval == 0):  # re-seed at checkpoint boundaries: resume is exact
-                        runner.reset(common.training_seeds(int(cfg.seed), (it // interval) * world + rank, num_envs))
                     rollout = runner.collect_steps(c.rollout_steps)
                 t_rollout = time.perf_counter() - t0
                 # Only a cloned actor (init=) needs protecting from an untrained critic's advantages.
@@ -143,7 +149,6 @@ def run(cfg: Any) -> dict[str, Any]:
                 metrics = update(policy, trainer.handle, algo, rollout, generator, train_actor=not warmup)
                 t_update = time.perf_counter() - t0 - t_rollout
                 cpu = time.process_time() - cpu0  # this process only: shows contention next to wall time
-                first = False
                 state["iteration"] = it + 1
                 state["env_steps"] += rollout.env_steps * world  # every rank collected its own
                 recent = (recent + rollout.episodes)[-100:]
@@ -156,10 +161,11 @@ def run(cfg: Any) -> dict[str, Any]:
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 tracker.log_metrics(metrics, state["env_steps"])
                 progress.update(rollout.env_steps * world, _info(metrics, state["iteration"]))
-                if state["iteration"] % interval == 0 and rank == 0 and optimizer is not None:
-                    state["mlflow_run_id"] = tracker.run_id
-                    ckpt.save(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state, generator)
-                    ckpt.prune(ckpt_dir, int(cfg.checkpoint.keep))
+                if state["iteration"] % interval == 0 and optimizer is not None:
+                    _checkpoint(ckpt_dir / f"iter_{state['iteration']:06d}", policy, cfg_yaml, optimizer, state,
+                                generator, runner if not (overlap or episodic) else None, recent, tracker, rank)
+                    if rank == 0:
+                        ckpt.prune(ckpt_dir, int(cfg.checkpoint.keep))
         except KeyboardInterrupt:
             progress.close()
             last = ckpt.latest(ckpt_dir)
@@ -169,8 +175,8 @@ def run(cfg: Any) -> dict[str, Any]:
             env.close()
         progress.close()
         with trainer.full_parameters():
-            final_dir = ckpt.save(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator) \
-                if rank == 0 else ckpt_dir / "final"
+            final_dir = _checkpoint(ckpt_dir / "final", policy, cfg_yaml, optimizer, state, generator,
+                                    runner if not (overlap or episodic) else None, recent, tracker, rank)
             summary = _evaluate(policy, sim, executor, cfg, ctx) if rank == 0 else {}
         trainer.close()
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, state["env_steps"])
@@ -187,6 +193,25 @@ def run(cfg: Any) -> dict[str, Any]:
                 ctx.console.print(table)
             ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
     return result
+
+
+def _checkpoint(path: Path, policy: Any, cfg_yaml: str, optimizer: Any, state: dict[str, Any], generator: Any,
+                runner: Any, recent: list[Any], tracker: Any, rank: int) -> Path:
+    """Save a resumable checkpoint (rank 0 writes it; every rank hands in its env and RNG state)."""
+    from dataclasses import astuple
+
+    from rlinf_cli import checkpoint as ckpt
+    from rlinf_cli.runtime.distributed import gather_to_first
+
+    mine: dict[str, Any] = dict(runner.state()) if runner is not None else {}
+    if rank > 0:
+        mine.update({f"rng.{k}": v for k, v in ckpt.rng_state(generator).items()})
+    states = gather_to_first(mine)
+    if rank != 0:
+        return path
+    tracker.flush()  # MLflow holds every point up to the checkpoint (resume re-syncs the rest)
+    saved = {**state, "mlflow_run_id": tracker.run_id, "recent_episodes": [list(astuple(e))[:4] for e in recent]}
+    return ckpt.save(path, policy, cfg_yaml, optimizer, saved, generator, states if any(states) else None)
 
 
 def _sim_label(cfg: Any) -> str:

@@ -37,7 +37,6 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.policy import check_compatible, load_policy, obs_to_torch
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.trainer import make_optimizer, set_lr
-    from rlinf_cli.tracking import Tracker
     from omegaconf import OmegaConf
 
     data = ds.load(cfg.dataset)
@@ -68,7 +67,6 @@ def run(cfg: Any) -> dict[str, Any]:
     optimizer = make_optimizer(policy, c)
     generator = torch.Generator().manual_seed(int(cfg.seed))
     cfg_yaml = to_yaml(cfg)
-    ckpt_dir = ctx.run_dir / "checkpoints"
     best = (math.inf, -1)
     bad_epochs = 0
     mb = min(c.minibatch_size, len(train_idx))
@@ -78,9 +76,9 @@ def run(cfg: Any) -> dict[str, Any]:
 
     from rlinf_cli.progress import Progress
 
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "sft", common.plugin_tags(cfg)) as tracker, \
+    with ctx.track(cfg, common.plugin_tags(cfg)) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", c.epochs, "epochs", enabled=bool(cfg.progress)) as progress:
+        ckpt_dir = ctx.run_dir / "checkpoints"
         tracker.log_params(flatten(cfg))
         tracker.log_artifact(data.path / ds.META, "dataset")
         for epoch in range(c.epochs):

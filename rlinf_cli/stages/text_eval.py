@@ -21,7 +21,6 @@ from rlinf_cli.stages import common, text_common as tc
 def run_eval(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
-    from rlinf_cli.tracking import Tracker
 
     import torch
 
@@ -33,8 +32,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     policy = tc.build_policy(cfg, source, ctx.device)
     t = cfg.text
     n = int(cfg.episodes)
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "eval", {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
                                             "rlinf.modality": "text"}) as tracker, \
             Progress(ctx.log, "eval", n, "prompts", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
@@ -68,9 +66,20 @@ def run_collect(cfg: Any) -> dict[str, Any]:
     out = Path(str(cfg.output))
     if out.suffix != ".jsonl":
         raise UserError(f"output '{out}': text tasks write a JSONL file; use output=<name>.jsonl")
+    from rlinf_cli.locks import FileLock
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create '{out.parent}': {exc.strerror}; choose a writable output=...") from exc
+    lock = FileLock(out.with_name(f".{out.name}.lock")).acquire(  # released when this process ends
+        blocking=False, busy=f"'{out}' is being written by another rlinf collect (pid {{pid}}); wait for it or "
+                             f"choose another output=")
     ctx = common.start(cfg, "collect", f"{cfg.sim.name}-{Path(str(cfg.policy)).name}")
     n = int(cfg.episodes)
-    seeds = common.training_seeds(int(cfg.seed), 0, n)  # training split: never the eval seeds
+    # training split (never the eval seeds); each append draws new prompts
+    appended = len((tc.read_meta(str(out)) or {}).get("provenance", [])) if out.exists() else 0
+    seeds = common.training_seeds(int(cfg.seed), appended, n)
     samples = task.prompts(seeds)
     rows: list[dict[str, Any]] = []
     if cfg.policy == "expert":
@@ -99,6 +108,7 @@ def run_collect(cfg: Any) -> dict[str, Any]:
     meta["provenance"].append({"sim": plain(cfg.sim), "sim_choice": cfg.choices.sim, "policy": str(cfg.policy),
                                "rows": len(rows), "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
     meta_path.write_text(json.dumps(meta, indent=2))
+    lock.release()
     result = {"stage": "collect", "modality": "text", "output": str(out), "rows": len(rows), "prompts": n,
               "run_dir": str(ctx.run_dir)}
     ctx.console.print_json(json.dumps(result))

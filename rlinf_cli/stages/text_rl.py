@@ -27,7 +27,6 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime import distributed, text
-    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout != "episodes" or not hasattr(algo, "outcome_advantages"):
@@ -38,7 +37,7 @@ def run(cfg: Any) -> dict[str, Any]:
         cfg.tracking.enabled, cfg.quiet, cfg.progress = False, True, False
         cfg.run_dir = tempfile.mkdtemp(prefix=f"rlinf-rank{rank}-")
     resume_dir = Path(cfg.resume) if cfg.resume else None
-    run_dir = resume_dir.parent.parent if resume_dir is not None and (resume_dir.parent.parent / "rlinf.yaml").exists() else None
+    run_dir = common.resumed_run_dir(cfg, resume_dir)
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}", run_dir if rank == 0 else None)
     task = tc.make_task(cfg.sim)
     policy = tc.build_policy(cfg, cfg.resume or cfg.init, ctx.device)
@@ -59,7 +58,6 @@ def run(cfg: Any) -> dict[str, Any]:
     iterations = int(cfg.text.iterations)
     new_tokens = tc.max_new_tokens(cfg.text, task)
     cfg_yaml = to_yaml(cfg)
-    ckpt_dir = ctx.run_dir / "checkpoints"
     interval = max(1, int(cfg.checkpoint.interval))
     eval_every = int(cfg.eval.interval)
 
@@ -72,10 +70,10 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.progress import Progress
 
     tags = {**common.plugin_tags(cfg), "rlinf.modality": "text", "rlinf.backend": engine.backend}
-    ctx.open()
     resumed = {"resume_run_id": state.get("mlflow_run_id"), "resume_step": state["iteration"]} if resume_dir else {}
-    with Tracker(cfg, ctx.run_dir, "rl", tags, **resumed) as tracker, \
+    with ctx.track(cfg, tags, **resumed) as tracker, \
             Progress(ctx.log, f"rl {cfg.algo.name}", iterations, "iterations", enabled=bool(cfg.progress)) as progress:
+        ckpt_dir = ctx.run_dir / "checkpoints"
         tracker.log_params(flatten(cfg))
         progress.done = float(state["iteration"])
         if eval_every and state["iteration"] == 0 and rank == 0:

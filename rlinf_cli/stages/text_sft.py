@@ -71,7 +71,6 @@ def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.progress import Progress
     from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime import distributed
-    from rlinf_cli.tracking import Tracker
 
     algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
     if algo.rollout != "supervised":
@@ -105,7 +104,6 @@ def run(cfg: Any) -> dict[str, Any]:
     steps_per_epoch = math.ceil(len(train_rows) / mb)
     total_steps = steps_per_epoch * int(c.epochs)
     cfg_yaml = to_yaml(cfg)
-    ckpt_dir = ctx.run_dir / "checkpoints"
     best, bad_epochs, step = (math.inf, -1), 0, 0
 
     def val_loss() -> float:
@@ -119,9 +117,9 @@ def run(cfg: Any) -> dict[str, Any]:
                 count += len(idx)
         return total / max(count, 1)
 
-    ctx.open()
-    with Tracker(cfg, ctx.run_dir, "sft", {**common.plugin_tags(cfg), "rlinf.modality": "text"}) as tracker, \
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": "text"}) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
+        ckpt_dir = ctx.run_dir / "checkpoints"
         tracker.log_params(flatten(cfg))
         t0 = time.perf_counter()
         tokens = 0

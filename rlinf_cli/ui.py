@@ -1,0 +1,116 @@
+"""`rlinf ui`: the MLflow UI as a child process group that lives and dies with this command.
+
+``mlflow ui`` starts a server with worker processes of its own. It runs in its own process group
+here, and every way this command ends (Ctrl-C, SIGTERM, SIGHUP, the server failing) ends the
+whole group, so no orphaned server keeps the port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from rlinf_cli.errors import UserError
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def serve(uri: str, port: int, host: str = "127.0.0.1") -> int:
+    """Run the MLflow UI for ``uri`` until interrupted; returns the exit code for the CLI."""
+    if not port_free(host, port):
+        raise UserError(f"port {port} on {host} is in use (another `rlinf ui` or MLflow server?); "
+                        f"stop it or pass --port {port + 1}")
+    print(f"MLflow UI for {uri} on http://{host}:{port} (Ctrl-C stops it)", flush=True)
+    # MLflow's job runner (GenAI evaluation jobs) is not needed to browse runs, and its workers
+    # outlive the server when MLflow is stopped: leave it off.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                             "--host", host, "--port", str(port)], start_new_session=True, env=env)
+    # A watchdog ends the server's process group when this process ends in a way no handler sees
+    # (kill -9): it waits for EOF on a pipe that only this process holds open.
+    watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(proc.pid)], stdin=subprocess.PIPE,
+                                start_new_session=True)
+    stop = {"signal": 0}
+
+    def forward(signum: int, _frame: Any) -> None:
+        stop["signal"] = signum
+        _signal_group(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _end_group(proc)
+        watchdog.stdin.close()  # type: ignore[union-attr]
+        watchdog.wait()
+    if stop["signal"]:
+        return 128 + stop["signal"] if stop["signal"] != signal.SIGINT else 130
+    if code != 0:
+        raise UserError(f"the MLflow UI exited with code {code} (see its messages above)")
+    return 0
+
+
+_WATCHDOG = """
+import os, signal, sys, time
+sys.stdin.buffer.read()  # returns when the rlinf ui process has ended, however it ended
+group = int(sys.argv[1])
+for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        break
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            sys.exit(0)
+        time.sleep(0.1)
+"""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """TERM the whole group, wait a little, then KILL what is left (the server's workers too)."""
+    import time
+
+    _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        try:
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.05)
+    _signal_group(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
