@@ -130,6 +130,25 @@ def test_remote_envs_match_local_ones(mode: str, extra: dict, autoreset: bool) -
             ref.close()
 
 
+def test_restore_replays_on_the_server_like_locally() -> None:
+    """Exact resume through the wire: the server resets each env into its episode and replays the actions."""
+    sim = CounterSim(horizon=10)
+    actions = [np.array([1, 2, 0], np.int64), np.zeros(0, np.int64), np.array([2], np.int64)]
+    ref = _local("collocated").make_vec_env(sim, 3, True)
+    with serving(sim) as address:
+        env = _local("hybrid").make_vec_env(RemoteSimulator({"address": address}), 3, True)
+        try:
+            want = ref.restore([11, 12, 13], [0, 2, 5], actions)
+            got = env.restore([11, 12, 13], [0, 2, 5], actions)
+            _assert_same(want, got)
+            assert got["state"][:, 2].tolist() == [3.0, 0.0, 1.0]  # steps replayed per env
+            a = np.ones(3, np.int64)
+            _assert_same(ref.step(a).obs, env.step(a).obs)
+        finally:
+            env.close()
+            ref.close()
+
+
 def test_ray_executor_and_several_servers() -> None:
     from rlinf_executor_ray.executor import RayExecutor
 

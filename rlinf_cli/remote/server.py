@@ -159,15 +159,21 @@ class Session:
             return method, (i, check_seeds(args[1], n))
         if method == "step" and len(args) == 2:
             return method, (i, check_actions(args[1], self.spec, n))
-        if method == "restore" and len(args) == 3:
-            seeds = check_seeds(args[1], n)
-            if not isinstance(args[2], list) or len(args[2]) != n:
-                raise ProtocolError(f"restore needs {n} action arrays")
-            for a in args[2]:
-                if not isinstance(a, np.ndarray) or a.ndim < 1:
-                    raise ProtocolError("restore's actions must be arrays [L, *action_shape]")
-                check_actions(a, self.spec, a.shape[0], "restore actions")
-            return method, (i, seeds, args[2])
+        if method == "restore" and len(args) == 4:  # (shard, seed streams, episode indices, actions to replay)
+            streams = check_seeds(args[1], n)
+            episodes = args[2]
+            if not isinstance(episodes, list) or len(episodes) != n or \
+                    not all(type(k) is int and 0 <= k < 2**62 for k in episodes):
+                raise ProtocolError(f"restore needs {n} non-negative episode indices")
+            actions = args[3]
+            if actions is not None:
+                if not isinstance(actions, list) or len(actions) != n:
+                    raise ProtocolError(f"restore needs {n} action arrays (or null)")
+                for a in actions:
+                    if not isinstance(a, np.ndarray) or a.ndim < 1:
+                        raise ProtocolError("restore's actions must be arrays [L, *action_shape]")
+                    check_actions(a, self.spec, a.shape[0], "restore actions")
+            return method, (i, streams, episodes, actions)
         raise ProtocolError(f"bad arguments for {method}")
 
 
