@@ -205,6 +205,44 @@ def test_binding_beyond_loopback_needs_a_token(cli, monkeypatch) -> None:
     assert res.code == 2 and "set a token" in res.err
 
 
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for localhost/127.0.0.1 and its key (PEM), made here."""
+    import datetime
+    import ipaddress
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_with_a_token(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    cert, key = _self_signed(tmp_path)
+    with serving(CounterSim(), tls_cert=str(cert), tls_key=str(key), token="t0k") as address:
+        good = cli("check-sim", "sim=remote", f"sim.address={address}", "sim.tls=true", f"sim.tls_ca={cert}",
+                   "sim.token=t0k")
+        plain = cli("check-sim", "sim=remote", f"sim.address={address}", "sim.token=t0k", "sim.connect_timeout_s=2")
+    assert good.code == 0, good.err
+    assert plain.code == 2 and "sim.tls=true" in plain.err and plain.err.count("\n") == 1
+
+
 def test_no_server_is_a_clear_error(cli) -> None:
     res = cli("check-sim", "sim=remote", f"sim.address=127.0.0.1:{free_port()}", "sim.connect_timeout_s=1")
     assert res.code == 2 and "no env server answered" in res.err and res.err.count("\n") == 1

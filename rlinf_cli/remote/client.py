@@ -103,7 +103,7 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise UserError(f"no env server answered at {ep.address} within {ep.connect_timeout_s:g} s "
                             f"(sim.connect_timeout_s): is `rlinf env serve` running there"
-                            f"{' with TLS' if ep.tls else ''}?") from None
+                            + (" with TLS?" if ep.tls else "? (if it serves TLS, set sim.tls=true)")) from None
         raise UserError(f"env server {ep.address}: {exc.code().name}: {exc.details()}") from None
     finally:
         ch.close()
