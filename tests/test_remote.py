@@ -182,6 +182,31 @@ def test_check_sim_through_the_wire(cli) -> None:
     assert "FAIL" not in res.out and res.out.count("pass") == 7  # the expert too
 
 
+def test_rl_through_the_wire_resumes_exactly_and_overlaps(cli, workdir) -> None:
+    """`rlinf rl sim=remote`: a resumed run equals the uninterrupted one (the server replays the
+    in-flight episodes), and overlapped rollouts open sessions (not one remote env per instance)."""
+    import json
+
+    common = ["--algo", "ppo", "algo.rollout_steps=32", "num_envs=4", "eval.episodes=2", "tracking.enabled=false",
+              "progress=false", "checkpoint.interval=1", "checkpoint.keep=10"]
+    with serving(_cartpole(), max_sessions=4) as address:
+        remote = ["sim=remote", f"sim.address={address}", "sim.sessions_per_server=2"]
+        full = cli("rl", *remote, *common, "total_steps=384", "run_dir=full")
+        assert full.code == 0, full.err
+        part = cli("rl", *remote, *common, "total_steps=384", "run_dir=part", "resume=full/checkpoints/iter_000001")
+        assert part.code == 0, part.err
+        over = cli("rl", *remote, *common, "total_steps=256", "run_dir=over", "runtime.overlap_update=true")
+        assert over.code == 0, over.err
+    def last_update(run: str) -> dict:
+        rows = [json.loads(x) for x in (workdir / run / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if "train/policy_loss" in r][-1]
+
+    a, b = last_update("full"), last_update("part")
+    assert a["step"] == b["step"] == 384
+    for key in ("train/policy_loss", "train/value_loss", "train/approx_kl"):
+        assert a[key] == b[key], key
+
+
 def test_token_missing_or_wrong_is_one_line_and_exit_2(cli, monkeypatch) -> None:
     monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
     with serving(_cartpole(), token="s3cret") as address:
