@@ -163,7 +163,7 @@ def check_sim(ctx: typer.Context) -> None:
     from rlinf_cli.checks import check_simulator, check_text_task
     from rlinf_cli.stages.common import make_simulator
 
-    cfg = _compose("eval", ["checkpoint=random", *ctx.args])
+    cfg = _compose("serve", list(ctx.args))  # the sim group alone: no executor or accelerator plugin needed (a served env)
     sim = make_simulator(cfg.sim)
     rows = check_text_task(sim) if getattr(sim, "modality", None) == "text" else check_simulator(sim)
     table = Table(title=f"rlinf check-sim: {cfg.sim.name}")
