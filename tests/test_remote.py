@@ -228,6 +228,10 @@ def test_binding_beyond_loopback_needs_a_token(cli, monkeypatch) -> None:
     EnvServer(CounterSim(), ServeConfig(host="0.0.0.0", token="t"))  # allowed (not started: loopback-only tests)
     res = cli("env", "serve", "sim=gymnasium", "host=0.0.0.0", "port=0")
     assert res.code == 2 and "set a token" in res.err
+    with serving(CounterSim()) as address:  # a port already taken: one line, exit 2
+        res = cli("env", "serve", "sim=gymnasium", f"port={address.rsplit(':', 1)[1]}")
+    assert res.code == 2 and res.err == f"error: cannot serve on {address}: the port is in use (another server?) or " \
+        "the address is not on this machine\n"
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:

@@ -220,6 +220,8 @@ class EnvServer:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> int:
+        # gRPC's C core logs its own copy of bind errors on stderr; ours below is the one line that matters.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
         import grpc
         from concurrent import futures
 
@@ -250,7 +252,9 @@ class EnvServer:
             else:
                 port = self._server.add_insecure_port(address)
         except (OSError, RuntimeError) as exc:
-            raise UserError(f"cannot serve on {address}: {exc}") from exc
+            why = "the port is in use (another server?) or the address is not on this machine" \
+                if "bind" in str(exc).lower() else str(exc)
+            raise UserError(f"cannot serve on {address}: {why}") from exc
         if not port:
             raise UserError(f"cannot serve on {address}: the address is in use or not available here")
         self._server.start()
