@@ -128,7 +128,7 @@ def test_cloned_expert_and_ppo_through_the_wire(cli, workdir) -> None:
         res = cli("sft", "dataset=demos", "model.hidden_sizes=[256,256]", "algo.epochs=200", "run_dir=bc",
                   "tracking.enabled=false", "progress=false")
         assert res.code == 0, res.err
-        res = cli("eval", *remote, "checkpoint=bc/checkpoints/final", "episodes=20", "num_envs=5", "tracking.enabled=false")
+        res = cli("eval", *remote, "checkpoint=bc/checkpoints/best", "episodes=20", "num_envs=5", "tracking.enabled=false")
         assert res.code == 0, res.err
         cloned = res.json_tail()["success_once"]
         res = cli("eval", *remote, "checkpoint=random", "episodes=20", "num_envs=5", "tracking.enabled=false")
