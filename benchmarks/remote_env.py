@@ -62,7 +62,7 @@ def start_server(task: str, obs: str, port: int) -> subprocess.Popen:
 def measure(sim, runtime: dict, n: int, steps: int) -> float:
     from rlinf_executor_local.executor import LocalExecutor
 
-    env = LocalExecutor({"name": "local", "runtime": {"mode": "disaggregated", **runtime}}).make_vec_env(sim, n, True)
+    env = LocalExecutor({"name": "local", "runtime": runtime}).make_vec_env(sim, n, True)
     rng = np.random.default_rng(0)
     spec = sim.spec
     acts = [rng.uniform(spec.action.low, spec.action.high, size=(n, *spec.action.shape)).astype(np.float32)
@@ -87,6 +87,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="local worker processes = remote sessions")
     p.add_argument("--steps", type=int, default=60, help="batch steps per measurement")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "hybrid"],
+                   help="runtime.mode on both sides (hybrid: 2 pipeline groups, stepped synchronously here)")
     args = p.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
     from rlinf_cli.stages.common import make_simulator
@@ -94,7 +96,8 @@ def main() -> None:
 
     print(machine_line())
     print(f"{args.task}: {args.envs} envs, {args.workers} local worker processes vs {args.workers} sessions on an env "
-          f"server on this machine, {args.steps} batch steps x {args.repeats} repeats, random actions")
+          f"server on this machine, runtime.mode={args.mode}, {args.steps} batch steps x {args.repeats} repeats, "
+          f"random actions")
     rows = []
     for label, obs, codec in CASES:
         port = free_port()
@@ -102,7 +105,7 @@ def main() -> None:
         try:
             local_sim = make_simulator({"name": "gymnasium", "env_id": args.task, "obs": obs})
             remote_sim = RemoteSimulator({"address": f"127.0.0.1:{port}", "sessions_per_server": args.workers})
-            runtime = {"env_workers": args.workers, **codec}
+            runtime = {"mode": args.mode, "env_workers": args.workers, **codec}
             local, remote = [], []
             for _ in range(args.repeats):
                 local.append(measure(local_sim, runtime, args.envs, args.steps))

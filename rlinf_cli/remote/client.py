@@ -52,7 +52,7 @@ class Endpoint:
         options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                    ("grpc.keepalive_time_ms", 20000), ("grpc.keepalive_timeout_ms", 10000),
                    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000),
-                   ("grpc.enable_retries", 0)]
+                   ("grpc.enable_retries", 0), *wire.HTTP2_OPTIONS]
         if not self.tls:
             return grpc.insecure_channel(self.address, options=options)
         roots = None

@@ -231,7 +231,7 @@ class EnvServer:
         hard = 2 * cfg.max_message_bytes + 2**20
         options = [("grpc.max_receive_message_length", hard), ("grpc.max_send_message_length", hard),
                    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                   ("grpc.so_reuseport", 0)]
+                   ("grpc.so_reuseport", 0), *wire.HTTP2_OPTIONS]
         threads = 2 * cfg.max_sessions + 8  # sessions, expert streams and info calls
         self._server = grpc.server(futures.ThreadPoolExecutor(threads, thread_name_prefix="rlinf-env"),
                                    options=options, maximum_concurrent_rpcs=threads)
