@@ -106,7 +106,7 @@ def pipeline(ctx: typer.Context) -> None:
 @config_app.command("show", context_settings=OVERRIDES)
 def config_show(
     ctx: typer.Context,
-    stage: str = typer.Argument(..., help="collect | sft | rl | eval"),
+    stage: str = typer.Argument(..., help="collect | sft | rl | eval | serve (rlinf env serve)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name (sugar for algo=NAME; rl and sft)"),
 ) -> None:
     """Print the composed config of STAGE with the given overrides applied."""
