@@ -94,6 +94,35 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
             assert a == b, "same seed and actions gave different rewards"
             return f"{len(a)} steps"
 
+        def replayable() -> str:
+            if not spec.replayable:
+                return "replayable=False: a resumed run starts fresh episodes"
+            rng = np.random.default_rng(1)
+            actions = [_random_action(spec, rng) for _ in range(steps)]
+
+            def trace(e: Any) -> list[dict[str, np.ndarray]]:
+                obs, _ = e.reset(seed=seed)
+                out = [{k: np.array(v, copy=True) for k, v in obs.items()}]
+                for a in actions:
+                    obs, _, term, trunc, _ = e.step(a)
+                    out.append({k: np.array(v, copy=True) for k, v in obs.items()})
+                    if term or trunc:
+                        break
+                return out
+
+            first = trace(env)
+            fresh = sim.make_env(0)  # as in a resumed process: a new instance of the same env
+            try:
+                second = trace(fresh)
+            finally:
+                fresh.close()
+            assert len(first) == len(second), "the replayed episode ended at another step"
+            for t, (a, b) in enumerate(zip(first, second)):
+                for k in a:
+                    np.testing.assert_array_equal(a[k], b[k], err_msg=f"obs['{k}'] differs at step {t} of the replay "
+                                                  "(set EnvSpec(replayable=False) if the simulator cannot be replayed)")
+            return f"{len(first) - 1} steps replayed on a new instance"
+
         def expert_ok() -> str:
             expert = sim.expert()
             if expert is None:
@@ -106,6 +135,7 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
         check("reset(seed) returns observations matching the spec", obs_ok)
         check("the same seed gives the same initial state", same_seed_same_state)
         check("step() returns (obs, reward, terminated, truncated, info); seeded determinism", deterministic)
+        check("reset(seed) + the same actions replay an episode exactly (resume relies on it)", replayable)
         check("expert() (optional)", expert_ok)
     finally:
         if env is not None:

@@ -60,9 +60,10 @@ class Tracker:
 
     # -- mlflow ----------------------------------------------------------------------------
     def _start_mlflow(self, cfg: Any, run_dir: Path, stage: str, tags: dict[str, str], resume_run_id: str | None) -> None:
-        for name in ("alembic", "mlflow", "sqlalchemy"):
-            logging.getLogger(name).setLevel(logging.ERROR)
         from mlflow.tracking import MlflowClient
+
+        for name in ("alembic", "mlflow", "sqlalchemy"):  # after the import: mlflow sets its own levels then
+            logging.getLogger(name).setLevel(logging.ERROR)
 
         from rlinf_cli.locks import locked
 

@@ -30,7 +30,6 @@ _NON_NEGATIVE = (_at_least(0), "a number >= 0")
 COMMON: list[Rule] = [
     ("train.threads", *_POSITIVE),
     ("runtime.env_workers", *_NON_NEGATIVE),
-    ("runtime.pipeline_stages", *_POSITIVE),
     ("runtime.max_restarts", *_NON_NEGATIVE),
     ("runtime.worker_timeout_s", lambda v: isinstance(v, (int, float)) and v > 0, "a number of seconds > 0"),
     ("tracking.flush_s", *_NON_NEGATIVE),

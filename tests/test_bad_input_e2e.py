@@ -86,7 +86,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
     final = json.loads((workdir / "run/checkpoints/final/trainer_state.json").read_text())
     assert final["iteration"] == state["iteration"] + 2  # continued where it stopped, in the same run dir
     result = json.loads((workdir / "run/result.json").read_text())
-    assert result["mlflow_run_id"] == state["mlflow_run_id"]  # and in the same MLflow run
+    # in the same MLflow run, or in its rebuilt copy when the killed run had sent points past the checkpoint
+    assert result["mlflow_run_id"] == state["mlflow_run_id"] or "rebuilt from metrics.jsonl" in res.stderr
     rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "train/epochs" in r]
     assert steps == sorted(set(steps))  # iterations after the checkpoint were dropped, not duplicated

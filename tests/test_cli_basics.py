@@ -89,4 +89,4 @@ def test_version(cli):
 def test_check_sim_passes_for_a_bundled_simulator(cli):
     res = cli("check-sim", "sim.env_id=Pendulum-v1")
     assert res.code == 0, res.err
-    assert "FAIL" not in res.out and res.out.count("pass") == 7
+    assert "FAIL" not in res.out and res.out.count("pass") == 8

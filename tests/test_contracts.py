@@ -52,7 +52,7 @@ def test_simulator_contract(spec):
     else:
         rows = check_simulator(spec.load()(option))
     failed = [r for r in rows if not r[1]]
-    assert len(rows) == 7 and not failed, failed
+    assert len(rows) == 8 and not failed, failed
 
 
 class _DriftingSim:
@@ -85,6 +85,7 @@ def test_check_sim_catches_a_broken_simulator():
     assert "shape (4,) != spec (3,)" in rows["reset(seed) returns observations matching the spec"][1]
     assert rows["the same seed gives the same initial state"][0] is False
     assert rows["step() returns (obs, reward, terminated, truncated, info); seeded determinism"][0] is False
+    assert rows["reset(seed) + the same actions replay an episode exactly (resume relies on it)"][0] is False
 
 
 SPECS = {

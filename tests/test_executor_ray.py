@@ -33,7 +33,9 @@ def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
     very same run: synchronous actors step the same envs with the same seeds and actions."""
     import torch
 
-    common = ["total_steps=100000", "eval.episodes=10", "progress=false", "tracking.enabled=false"]
+    from tests.conftest import CARTPOLE_PPO
+
+    common = ["total_steps=100000", "eval.episodes=10", "progress=false", "tracking.enabled=false", *CARTPOLE_PPO]
     r = cli("rl", *common, "run_dir=local")
     assert r.code == 0, r.err
     r = cli("rl", *common, "executor=ray", "run_dir=ray")

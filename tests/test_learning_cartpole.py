@@ -17,7 +17,9 @@ def ppo_run(tmp_path_factory):
     from rlinf_cli.stages import rl
 
     root = tmp_path_factory.mktemp("ppo")
-    cfg = compose("rl", ["algo=ppo", "sim.env_id=CartPole-v1", "total_steps=100000",
+    from tests.conftest import CARTPOLE_PPO
+
+    cfg = compose("rl", ["algo=ppo", "sim.env_id=CartPole-v1", "total_steps=100000", *CARTPOLE_PPO,
                          "eval.episodes=10", f"runs_dir={root / 'runs'}", f"run_dir={root / 'run'}", "progress=false"])
     result = rl.run(cfg)
     return root, result
@@ -37,7 +39,7 @@ def test_mlflow_run_has_params_metrics_artifacts_and_tags(ppo_run):
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     params = run.data.params
-    assert params["algo.name"] == "ppo" and params["sim.env_id"] == "CartPole-v1" and float(params["algo.lr"]) == 3e-4
+    assert params["algo.name"] == "ppo" and params["sim.env_id"] == "CartPole-v1" and float(params["algo.lr"]) == 1e-3
     history = client.get_metric_history(run.info.run_id, "rollout/return_mean")
     assert len(history) >= 50 and history[-1].value > history[0].value  # one point per iteration, and it learned
     assert run.data.metrics["eval/return_mean"] == pytest.approx(result["eval"]["return_mean"])

@@ -1,0 +1,11 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("counter_norep", "rlinf_test_plugins.parts:NoReplaySim", summary="counter envs that cannot be replayed")
+
+
+@hookimpl
+def register_algorithms(register):
+    register("a2c_bad", "rlinf_test_plugins.parts:BadA2C", summary="an algorithm whose config lacks rollout_steps")
