@@ -72,7 +72,7 @@ def test_check_sim_and_seeded_resets_through_the_wire(cli) -> None:
     with maniskill_server("sim.task=PickCube-v1") as address:
         res = cli("check-sim", "sim=remote", f"sim.address={address}")
         assert res.code == 0, res.err
-        assert "FAIL" not in res.out and res.out.count("pass") == 7
+        assert "FAIL" not in res.out and res.out.count("| pass") + res.out.count("│ pass") == 8
         sim = RemoteSimulator({"address": address})
         assert sim.spec.observation["state"].shape == (42,) and sim.spec.action.shape == (4,) and sim.spec.has_success
         env = LocalExecutor({"name": "local", "runtime": {"mode": "hybrid"}}).make_vec_env(sim, 4, True)
