@@ -223,8 +223,9 @@ def check_contents(pkg: Package, wheel_names: set[str], sdist_names: set[str]) -
     expected = source_files(pkg)
     missing = sorted(k for k in expected if k not in wheel_names)
     if missing:
+        where = "pyproject.toml" if pkg.is_core else f"{pkg.path.parent.name}/{pkg.path.name}/pyproject.toml"
         problems.append(f"{pkg.name}: {len(missing)} file(s) missing from the wheel, e.g. {', '.join(missing[:3])} "
-                        f"(add them to the package data in {pkg.path.name}/pyproject.toml)")
+                        f"(add their package or data pattern to {where})")
     if not any(n.endswith(".dist-info/licenses/LICENSE") for n in wheel_names):
         problems.append(f"{pkg.name}: no LICENSE in the wheel")
     prefix = next((n.split("/")[0] for n in sdist_names), "")
