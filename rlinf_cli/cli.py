@@ -159,7 +159,7 @@ def check_sim(ctx: typer.Context) -> None:
     from rich.table import Table
 
     from rlinf_cli.checks import check_simulator, check_text_task
-    from rlinf_cli.stages.common import make_simulator
+    from rlinf_cli.collectors.embodied import make_simulator
 
     cfg = _compose("eval", ["checkpoint=random", *ctx.args])
     sim = make_simulator(cfg.sim)

@@ -1,6 +1,6 @@
 """Embodied RL on the training engines: DeepSpeed ZeRO in one process, and torchrun ranks.
 
-The engines themselves live in ``rlinf_cli.runtime.distributed`` (the LLM work's module); these
+The engines themselves live in ``rlinf_cli.runtime.engine`` (shared by every stage); these
 tests check the embodied `rlinf rl` path drives them: learning, checkpoints, rank bookkeeping.
 """
 

@@ -125,6 +125,7 @@ class DatasetWriter:
             self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
                          "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
         self.provenance = dict(provenance)
+        self.meta_path = self.path / META
         self.added = 0  # episodes this writer put on disk
         self.next_seed: int | None = None
 

@@ -68,4 +68,5 @@ class LocalExecutor:
         return SharedObs(simulator.spec, num_envs)
 
     def describe(self) -> str:
-        return self._placement
+        """Where the envs run; with ``runtime.mode=auto``, what the probe chose and why first."""
+        return (f"{self.choice.reason}\nruntime: " if self.choice is not None else "") + self._placement

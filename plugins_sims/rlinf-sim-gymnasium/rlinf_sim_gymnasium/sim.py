@@ -77,6 +77,7 @@ class GymnasiumSimulator:
             from rlinf_cli.headless_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # before MuJoCo is first imported: it picks its GL backend then
+        self.label = f"gymnasium/{self.cfg.env_id}"  # for titles and tables
         env = self._make()
         try:
             self.spec = self._spec(env)

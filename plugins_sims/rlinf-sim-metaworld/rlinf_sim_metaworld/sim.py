@@ -209,6 +209,8 @@ class MetaWorldSimulator:
             prepare_mujoco_gl()  # before anything imports mujoco
         self.tasks = _resolve_tasks(self.cfg)
         self.instructions = tuple(task_sets.instruction(t) for t in self.tasks)
+        # for titles and tables
+        self.label = f"metaworld/{self.tasks[0] if len(self.tasks) == 1 else self.cfg.benchmark or f'{len(self.tasks)} tasks'}"
         self.spec = self._spec()
 
     def _spec(self) -> EnvSpec:
