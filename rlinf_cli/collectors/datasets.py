@@ -32,7 +32,8 @@ class EpisodeBuffer:
 
     def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
         for i in np.flatnonzero(alive):
-            self.steps[i].append(({k: v[i].copy() for k, v in obs.items()}, np.asarray(action[i]).copy(),
+            self.steps[i].append(({k: v[i] if v.dtype == object else v[i].copy() for k, v in obs.items()},
+                                  np.asarray(action[i]).copy(),
                                   float(sb.reward[i]), bool(sb.success[i])))
             if sb.terminated[i] or sb.truncated[i]:
                 self.ended[i] = (bool(sb.terminated[i]), bool(sb.truncated[i]))

@@ -291,7 +291,7 @@ class EmbodiedCollector:
 
         def epoch() -> Iterator[MiniBatch]:
             perm = torch.randperm(n, generator=generator)
-            e_obs = {k: v[perm] for k, v in obs.items()}
+            e_obs = {k: v[perm.numpy()] if isinstance(v, np.ndarray) else v[perm] for k, v in obs.items()}
             e_actions = actions[perm]
             e_data = [None if t is None else t[perm] for t in data]
             for start in range(0, n, size):
@@ -307,11 +307,13 @@ class EmbodiedCollector:
         valid = exp.mask.reshape(-1) > 0
         keep_all = bool(valid.all())
 
-        def flat(x: torch.Tensor | None) -> torch.Tensor | None:
+        def flat(x: Any) -> Any:
             if x is None:
                 return None
             x = x.reshape(-1, *x.shape[2:])
-            return x if keep_all else x[valid]
+            if keep_all:
+                return x
+            return x[valid.cpu().numpy()] if isinstance(x, np.ndarray) else x[valid]  # text entries: numpy
 
         data = [flat(exp.logprobs), flat(adv), flat(ret), flat(exp.values), None, flat(exp.ref_logprobs)]
         return {k: flat(v) for k, v in exp.obs.items()}, flat(exp.actions), data

@@ -191,7 +191,7 @@ class Runner:
                 buf.np[name][t, lo:hi] = v.numpy()
         else:
             for k, v in o.items():
-                buf.obs[k][t, lo:hi] = v
+                buf.obs[k][t, lo:hi] = v  # text entries are numpy object arrays on every device
             buf.actions[t, lo:hi] = out.action
             buf.logprobs[t, lo:hi] = out.logprob
             buf.values[t, lo:hi] = out.value
@@ -240,7 +240,8 @@ class _StepBuffers:
     """Preallocated [T, N] tensors a rollout is written into."""
 
     def __init__(self, spec: EnvSpec, num_steps: int, n: int, dev: torch.device):
-        self.obs = {k: torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
+        self.obs = {k: np.full((num_steps, n), "", dtype=object) if s.is_text else
+                    torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
                     for k, s in spec.observation.items()}
         act_dtype = torch.int64 if spec.discrete else torch.float32
         self.actions = torch.zeros((num_steps, n, *spec.action.shape), dtype=act_dtype, device=dev)
@@ -251,7 +252,8 @@ class _StepBuffers:
         # numpy views of the CPU buffers (they share memory with the tensors)
         self.np: dict[str, Any] | None = None
         if dev.type == "cpu":
-            self.np = {"obs": {k: v.numpy() for k, v in self.obs.items()}, "actions": self.actions.numpy(),
+            self.np = {"obs": {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in self.obs.items()},
+                       "actions": self.actions.numpy(),
                        "logprobs": self.logprobs.numpy(), "values": self.values.numpy(),
                        "rewards": self.rewards.numpy(), "dones": self.dones.numpy()}
 
@@ -316,7 +318,7 @@ class EpisodeRecorder:
     """Stores policy tensors for :func:`run_episodes`, to build a masked [T, N] Experience (GRPO)."""
 
     def __init__(self) -> None:
-        self.obs: list[dict[str, torch.Tensor]] = []
+        self.obs: list[dict[str, Any]] = []
         self.actions: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -326,7 +328,7 @@ class EpisodeRecorder:
         self.stats: dict[str, float] = {}
 
     def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
-        self.obs.append({k: torch.from_numpy(v) for k, v in obs.items()})
+        self.obs.append({k: v.copy() if v.dtype == object else torch.from_numpy(v) for k, v in obs.items()})
         self.actions.append(out.action)
         self.logprobs.append(out.logprob)
         self.values.append(out.value)
@@ -340,7 +342,8 @@ class EpisodeRecorder:
                       device: torch.device | str = "cpu") -> Experience:
         dev = torch.device(device)
         keys = self.obs[0].keys()
-        obs = {k: torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
+        obs = {k: np.stack([o[k] for o in self.obs]) if isinstance(self.obs[0][k], np.ndarray)
+               else torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
         rewards = torch.from_numpy(np.stack(self.rewards)).to(dev)
         mask = torch.from_numpy(np.stack(self.mask)).to(dev)
         values = torch.stack(self.values).to(dev)

@@ -62,7 +62,7 @@ class LocalExecutor:
             import numpy as np
 
             nbytes = sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize
-                         for s in simulator.spec.observation.values()) * num_envs
+                         for s in simulator.spec.observation.values() if not s.is_text) * num_envs
             if nbytes < SHM_MIN_BYTES:
                 return None
         return SharedObs(simulator.spec, num_envs)

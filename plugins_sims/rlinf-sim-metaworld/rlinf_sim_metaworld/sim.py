@@ -46,6 +46,7 @@ class MetaWorldConfig:
     obs: str = "state"  # state | rgb (pixels + proprioception) | state_rgb (both)
     image_size: int = 84  # rgb height and width in pixels
     camera: str = "corner"  # corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV
+    instruction: bool = True  # observation 'instruction': the task's language instruction (a text entry)
 
     def __post_init__(self) -> None:
         if self.reward not in ("sparse", "shaped"):
@@ -115,6 +116,7 @@ class MetaWorldEnv:
     def __init__(self, cfg: MetaWorldConfig, task_names: tuple[str, ...], index: int):
         self.cfg = cfg
         self.tasks = task_names
+        self.instructions = tuple(task_sets.instruction(t) for t in task_names)
         self._envs: dict[int, Any] = {}
         # Unseeded resets (auto-reset) continue a stream that the last seeded reset restarted.
         self._stream = np.random.default_rng([index, 0x3E7A])
@@ -156,6 +158,8 @@ class MetaWorldEnv:
 
     def _obs(self, state: np.ndarray) -> Obs:
         obs: Obs = {"task_id": np.asarray(self._task, dtype=np.int64)}
+        if self.cfg.instruction:
+            obs["instruction"] = self.instructions[self._task]
         if self.cfg.obs != "rgb":
             obs["state"] = np.asarray(state, dtype=np.float32)
         if self.cfg.rgb:
@@ -222,6 +226,8 @@ class MetaWorldSimulator:
             obs["rgb"] = ArraySpec((c.image_size, c.image_size, 3), "uint8", 0, 255)
             obs["proprio"] = ArraySpec((len(PROPRIO_INDEX),), "float32")
         obs["task_id"] = ArraySpec((), "int64", 0, len(self.tasks) - 1)
+        if c.instruction:
+            obs["instruction"] = ArraySpec((), "str")
         return EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0), max_episode_steps=c.max_episode_steps,
                        tasks=self.tasks, has_success=True)
 
