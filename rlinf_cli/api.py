@@ -171,19 +171,38 @@ class Executor(Protocol):
 
 
 class Accelerator(Protocol):
+    """A device family. :class:`rlinf_cli.accel.TorchBackend` implements all of it for backends
+    reached through a ``torch.<namespace>`` runtime; a vendor package sets a few attributes."""
+
     name: str
+    visible_devices_env: tuple[str, ...]  # variables restricting the visible devices (first one is set)
+    deepspeed_accelerator: str | None  # DeepSpeed's name for it (DS_ACCELERATOR); None: DeepSpeed has none
 
     def is_available(self) -> bool: ...
 
-    def device(self) -> Any: ...  # torch.device
+    def missing(self) -> str | None: ...  # why it is not usable here; None when it is
 
-    def dist_backend(self) -> str: ...  # "gloo", "nccl", "hccl", ...
+    def device_count(self) -> int: ...
+
+    def device(self, rank: int | None = None) -> Any: ...  # torch.device of LOCAL_RANK (or rank)
+
+    def set_device(self, rank: int | None = None) -> None: ...  # make it current (before a process group)
+
+    def dist_backend(self) -> str: ...  # "gloo", "nccl", "hccl", "mccl"
 
     def supports_bf16(self) -> bool: ...
 
-    def memory_stats(self) -> dict[str, float]: ...
+    def memory_stats(self) -> dict[str, float]: ...  # GiB: allocated, reserved, peak, total
+
+    def launch_env(self, devices: list[int] | None = None) -> dict[str, str]: ...
+
+    def prepare_deepspeed(self) -> None: ...  # before `import deepspeed`
 
     def describe(self) -> str: ...
+
+    def install_hint(self) -> str | None: ...  # the command that installs what is missing
+
+    def hardware_record(self) -> Any: ...  # rlinf_cli.accel.HardwareRecord from verified.json, or None
 
 
 # -- text tasks (agentic / reasoning RL) ----------------------------------------------------

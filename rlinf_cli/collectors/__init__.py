@@ -45,8 +45,15 @@ def dataset_source(path: str) -> tuple[bool, dict[str, Any] | None, str | None]:
         from rlinf_cli.collectors.text import provenance_sim
 
         return (True, *provenance_sim(str(p)))
+    from rlinf_cli.data import lerobot
     from rlinf_cli.data.dataset import read_meta
 
-    prov = (read_meta(p).get("provenance") or [{}])[-1]
+    if lerobot.is_lerobot_dataset(p):  # rlinf's own LeRobot datasets keep their provenance beside LeRobot's files
+        import json
+
+        meta = p / lerobot.RLINF_META
+        prov = (json.loads(meta.read_text()).get("provenance") or [{}])[-1] if meta.is_file() else {}
+    else:
+        prov = (read_meta(p).get("provenance") or [{}])[-1]
     sim = prov.get("sim")
     return False, sim, prov.get("sim_choice", (sim or {}).get("name"))

@@ -87,13 +87,17 @@ def split_episodes(episode_ids: np.ndarray, val_fraction: float, seed: int) -> t
 class EpisodeDataset:
     """(observation, action) steps of an rlinf dataset, for behaviour cloning."""
 
-    def __init__(self, path: str, val_fraction: float, seed: int, device: Any):
-        from rlinf_cli.data import dataset as ds
+    def __init__(self, path: str, val_fraction: float, seed: int, device: Any, lerobot_features: Any = None):
+        from rlinf_cli.data import dataset as ds, lerobot
         from rlinf_cli.policy import obs_to_torch
 
-        self.data = ds.load(path)
+        if lerobot.is_lerobot_dataset(path):  # a LeRobot v3.0 directory: features mapped onto observation keys
+            self.data = lerobot.load(path, dict(lerobot_features or {}))
+            self.meta_file = self.data.path / lerobot.INFO
+        else:
+            self.data = ds.load(path)
+            self.meta_file = self.data.path / ds.META
         self.spec = self.data.spec
-        self.meta_file = self.data.path / ds.META
         train_rows, val_rows = split_episodes(self.data.episode, val_fraction, seed)
         self.obs = obs_to_torch(self.data.obs, device)
         self.actions = torch.as_tensor(self.data.actions, device=device)
@@ -102,7 +106,10 @@ class EpisodeDataset:
         self.generator = torch.Generator().manual_seed(seed)
 
     def prepare(self, policy: Any, note: Any) -> None:
-        pass
+        if self.data.meta.get("format") == "lerobot":
+            from rlinf_cli.data import lerobot
+
+            lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
 
     def _batch(self, idx: torch.Tensor) -> MiniBatch:
         return MiniBatch(None, None, None, None, obs={k: v[idx] for k, v in self.obs.items()}, actions=self.actions[idx])

@@ -358,12 +358,14 @@ class EmbodiedCollector:
     # -- evaluation -------------------------------------------------------------------------
     def run_episodes(self, act: Callable, episodes: int, seed: int, num_envs: int,
                      recorder_factory: Callable[[], Recorder] | None = None,
-                     on_batch: Callable[[list[EpisodeStats]], None] | None = None) -> list[EpisodeStats]:
-        """Episodes ``seed, seed+1, ...`` in batches of ``num_envs``; returns them in seed order."""
+                     on_batch: Callable[[list[EpisodeStats]], None] | None = None,
+                     sim: Simulator | None = None) -> list[EpisodeStats]:
+        """Episodes ``seed, seed+1, ...`` in batches of ``num_envs``; returns them in seed order.
+        ``sim``: another simulator to run them on (the same one with a video camera)."""
         if episodes < 1:
             return []
         n = max(1, min(num_envs, episodes))
-        env = self.executor(act, n).make_vec_env(self.sim, n, autoreset=False)
+        env = self.executor(act, n).make_vec_env(sim or self.sim, n, autoreset=False)
         results: list[EpisodeStats] = []
         try:
             for start in range(0, episodes, n):
@@ -376,17 +378,30 @@ class EmbodiedCollector:
             env.close()
         return results
 
+    def check_video(self, video: int, size: int) -> None:
+        """Fail now, not after training, when ``video`` > 0 and this simulator cannot render."""
+        if video:
+            from rlinf_cli.collectors.videos import video_source
+
+            video_source(self.sim, size)
+
     def evaluate(self, policy: Any, episodes: int, seed: int, deterministic: bool = True, label: str = "policy",
-                 on_batch: Callable[[int], None] | None = None, **_text: Any) -> Evaluation:
+                 on_batch: Callable[[int], None] | None = None, video: int = 0, video_dir: Any = None,
+                 video_size: int = 256, **_text: Any) -> Evaluation:
         """``episodes`` held-out episodes (seeds ``seed, seed+1, ...``) of ``policy`` (a Policy,
-        or ``random`` / ``expert`` / a checkpoint path)."""
+        or ``random`` / ``expert`` / a checkpoint path); the first ``video`` recorded to mp4 files in
+        ``video_dir`` (``extra["videos"]``)."""
+        from rlinf_cli.collectors.videos import evaluate_with_video
+
         act = self.actor(policy, deterministic, seed) if isinstance(policy, str) else \
             policy_actor(policy, self.spec, self.ctx.device, deterministic)
-        eps = self.run_episodes(act, episodes, seed, int(self.cfg.get("num_envs", 8)),
-                                on_batch=(lambda b: on_batch(len(b))) if on_batch else None)
+        eps, files = evaluate_with_video(self, act, episodes, seed, int(self.cfg.get("num_envs", 8)), video,
+                                         video_dir, video_size, on_batch=(lambda b: on_batch(len(b))) if on_batch else None)
         summary = summarize(eps, self.spec.has_success)
         rows = {label: summary}
         extra: dict[str, Any] = {"per_episode": [e.__dict__ for e in eps]}
+        if files:
+            extra["videos"] = [str(f) for f in files]
         metrics = {f"eval/{k}": v for k, v in summary.items()}
         if len(self.spec.tasks) > 1 and eps:  # multi-task: one row per task, then the mean over tasks
             per_task = summarize_by_task(eps, self.spec.tasks, self.spec.has_success)
@@ -405,12 +420,18 @@ class EmbodiedCollector:
     def dataset(self, path: str, val_fraction: float, seed: int) -> Any:
         from rlinf_cli.collectors.datasets import EpisodeDataset
 
-        return EpisodeDataset(path, val_fraction, seed, self.ctx.device)
+        return EpisodeDataset(path, val_fraction, seed, self.ctx.device, (self.cfg.get("lerobot") or {}).get("features"))
 
     def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> Any:
+        """The dataset writer ``format`` names: rlinf's own, or LeRobot v3.0 (rlinf_cli/data/lerobot.py)."""
         from rlinf_cli.data.dataset import DatasetWriter
 
-        writer = DatasetWriter(output, self.spec, provenance, chunk)
+        if self.cfg.get("format", "rlinf") == "lerobot":
+            from rlinf_cli.data.lerobot import writer_for
+
+            writer = writer_for(self.cfg, self.sim, provenance)
+        else:
+            writer = DatasetWriter(output, self.spec, provenance, chunk)
         # appending continues after every seed tried before (kept or dropped by only_success)
         writer.provenance["first_seed"] = writer.seed_after(int(self.cfg.seed) + writer.episodes_written)
         return writer

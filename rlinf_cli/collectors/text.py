@@ -417,9 +417,13 @@ class TextCollector:
         pass
 
     # -- evaluation -------------------------------------------------------------------------
+    def check_video(self, video: int, size: int) -> None:
+        if video:
+            raise UserError("text tasks have no video to record: use video=0")
+
     def evaluate(self, policy: Any, episodes: int, seed: int, deterministic: bool = True, label: str = "policy",
                  on_batch: Callable[[int], None] | None = None, pass_k: int = 0, batch: int = 64,
-                 generator: Any = None, examples: int = 8) -> Evaluation:
+                 generator: Any = None, examples: int = 8, **_embodied: Any) -> Evaluation:
         """Greedy pass@1 (``accuracy``) on prompts ``seed .. seed+episodes-1``; sampled pass@k
         with ``pass_k`` > 0 (a prompt counts solved when any of k samples is correct;
         ``sampled_accuracy`` is the mean correctness of those samples)."""

@@ -67,9 +67,9 @@ def setup_ranks(cfg: Any, accelerator: Any) -> tuple[int, int]:
         return 0, 1
     rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if size > 1 and not torch.distributed.is_initialized():
+        if hasattr(accelerator, "set_device"):
+            accelerator.set_device()  # LOCAL_RANK -> this process's device, before nccl/hccl bind to one
         torch.distributed.init_process_group(backend=accelerator.dist_backend())
-        if accelerator.device().type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if rank > 0:
         cfg.tracking.enabled = False
         cfg.progress = False
@@ -220,6 +220,8 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, module: torch.nn.Module, optim: OptimSpec, zero_stage: int, bf16: bool, accelerator: Any):
         super().__init__(module, optim)
+        if accelerator is not None and hasattr(accelerator, "prepare_deepspeed"):
+            accelerator.prepare_deepspeed()  # DS_ACCELERATOR: DeepSpeed's own detection probes CUDA first
         try:
             import deepspeed
         except ImportError as exc:

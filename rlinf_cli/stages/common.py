@@ -179,13 +179,22 @@ def plugin_tags(cfg: Any) -> dict[str, str]:
     return tags
 
 
+def table_text(table: Any) -> str:
+    """A rich table as plain text (for files, MLflow descriptions)."""
+    import io
+
+    from rich.console import Console
+
+    rec = Console(record=True, width=120, file=io.StringIO())
+    rec.print(table)
+    return rec.export_text()
+
+
 def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: Any = None,
                  curve: tuple[str, list[str], str] | None = None) -> Path:
     """``result.json`` (+ the rendered table as ``eval_table.txt``, + ``learning_curve.png`` of
     ``curve = (x_key, y_keys, title)``) in the run dir and in MLflow."""
     import json
-
-    from rich.console import Console
 
     out = ctx.run_dir / "result.json"
     out.write_text(json.dumps(result, indent=2, default=str))
@@ -193,9 +202,7 @@ def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: A
     tracker.log_artifact(out)
     if table is not None:
         text = ctx.run_dir / "eval_table.txt"
-        rec = Console(record=True, width=120, file=open("/dev/null", "w"))
-        rec.print(table)
-        text.write_text(rec.export_text())
+        text.write_text(table_text(table))
         tracker.log_artifact(text)
     if curve is not None:
         from rlinf_cli.tracking import plot_curve

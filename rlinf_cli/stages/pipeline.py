@@ -121,12 +121,16 @@ def run(args: list[str]) -> dict[str, Any]:
     stage("collect", [f"policy={source}", f"output={data}"])
     sft_ckpt = stage("sft", [f"dataset={data}"])["checkpoint"]
     rl_ckpt = stage("rl", [f"init={sft_ckpt}"])["checkpoint"]
-    summaries = {}
+    summaries, videos = {}, {}
     for label, ckpt in {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}.items():
-        summaries[label] = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])["eval"]
+        result = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])
+        summaries[label], videos[label] = result["eval"], result.get("videos", [])
         timings[f"eval:{label}"] = timings.pop("eval")
     console.rule("[bold]summary")
     console.print(_summary(f"rlinf pipeline: {getattr(sim, 'label', None) or probe.sim.name}", summaries, timings))
+    for label, files in videos.items():  # eval.video=N
+        for f in files:
+            console.print(f"video ({label}): {f}")
     console.print(f"pipeline directory: {root}  (MLflow: rlinf ui)")
-    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings}, indent=2))
-    return {"eval": summaries, "seconds": timings, "dir": str(root)}
+    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings, "videos": videos}, indent=2))
+    return {"eval": summaries, "seconds": timings, "dir": str(root), "videos": videos}

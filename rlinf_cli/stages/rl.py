@@ -60,6 +60,7 @@ def setup(cfg: Any) -> Run:
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}",
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
     collector = collectors.make(cfg, ctx)
+    collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
     policy = collector.policy(cfg.resume or cfg.init, cfg.model)
     collector.prepare_rl(policy, cfg)
     algo.check(collector.spec)
@@ -110,11 +111,17 @@ def checkpoint(run: Run, name: str) -> Path:
                                   run.rank)
 
 
-def evaluate(run: Run) -> Any:
+def evaluate(run: Run, tag: str = "final") -> Any:
+    """Held-out evaluation of the current policy; ``eval.video=N`` records N episodes under videos/<tag>/."""
     cfg = run.cfg
-    return run.collector.evaluate(run.policy, int(cfg.eval.episodes), int(cfg.eval.seed),
-                                  bool(cfg.eval.get("deterministic", True)), label=str(cfg.algo.name),
-                                  examples=int((cfg.get("text") or {}).get("examples", 8)))
+    ev = run.collector.evaluate(run.policy, int(cfg.eval.episodes), int(cfg.eval.seed),
+                                bool(cfg.eval.get("deterministic", True)), label=str(cfg.algo.name),
+                                examples=int((cfg.get("text") or {}).get("examples", 8)),
+                                video=int(cfg.eval.get("video", 0) or 0), video_dir=run.ctx.run_dir / "videos" / tag,
+                                video_size=int(cfg.eval.get("video_size", 256)))
+    for f in ev.extra.get("videos", []):
+        run.tracker.log_artifact(Path(f), f"videos/{tag}")
+    return ev
 
 
 def train(run: Run, progress: Any) -> None:
@@ -128,12 +135,12 @@ def train(run: Run, progress: Any) -> None:
         for line in run.collector.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
             run.ctx.note(line)
         if eval_every and state["iteration"] == 0 and run.rank == 0:  # where the curve starts
-            run.tracker.log_metrics(evaluate(run).metrics | {"iteration": 0.0}, 0)
+            run.tracker.log_metrics(evaluate(run, "iter_000000").metrics | {"iteration": 0.0}, 0)
         while run.collector.units(state) < total:
             before = run.step()
             metrics = iterate(run)
             if eval_every and state["iteration"] % eval_every == 0 and run.rank == 0:
-                metrics.update(evaluate(run).metrics)
+                metrics.update(evaluate(run, f"iter_{state['iteration']:06d}").metrics)
             run.tracker.log_metrics(metrics, run.step())
             info = run.collector.info(metrics)
             progress.update(run.step() - before, f"iter {state['iteration']}" + (f"  {info}" if info else ""))
@@ -168,6 +175,8 @@ def finish(run: Run) -> dict[str, Any]:
               "backend": run.engine.backend, "world_size": run.world, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, **({"examples": ev.extra["examples"]} if ev is not None and "examples" in ev.extra else {}),
               "mlflow_run_id": run.tracker.run_id}
+    if (ctx.run_dir / "videos").is_dir():
+        result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
     x = "env_steps" if run.collector.unit == "steps" else "iteration"
     table = run.collector.table({f"{cfg.algo.name} ({run.step():,} {run.collector.unit})": summary},
                                 f"rlinf rl: {run.collector.label}") if summary else None  # eval.episodes=0: no table

@@ -135,5 +135,17 @@ class GymnasiumSimulator:
 
         return PixelEnv(env, self.cfg.image_size, self.cfg.camera, keep_state=self.cfg.obs == "state_rgb")
 
+    def with_video(self, size: int) -> tuple["GymnasiumSimulator", str] | None:
+        """For evaluation videos: a state env of MuJoCo also rendered at ``size`` (key ``rgb``, which
+        a state policy does not read). None where the env has a camera image already or no camera."""
+        if self.cfg.obs != "state":
+            return None
+        from dataclasses import asdict
+
+        try:
+            return GymnasiumSimulator({**asdict(self.cfg), "obs": "state_rgb", "image_size": int(size)}), "rgb"
+        except UserError:  # not a MuJoCo env: nothing to render
+            return None
+
     def expert(self) -> Callable[[Obs, int], np.ndarray] | None:
         return _EXPERTS.get(self.cfg.env_id) if self.cfg.obs != "rgb" else None

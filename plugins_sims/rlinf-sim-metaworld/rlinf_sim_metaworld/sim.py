@@ -31,7 +31,8 @@ from rlinf_sim_metaworld import tasks as task_sets
 
 OBS_MODES = ("state", "rgb", "state_rgb")
 STATE_DIM = 39
-PROPRIO_INDEX = [0, 1, 2, 3, 18, 19, 20, 21]  # hand xyz + gripper opening, this step and the previous one
+PROPRIO_INDEX = [0, 1, 2, 3, 18, 19, 20, 21]
+VIDEO_KEY = "video"  # camera frames rendered only for evaluation videos (video_size > 0)  # hand xyz + gripper opening, this step and the previous one
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class MetaWorldConfig:
     image_size: int = 84  # rgb height and width in pixels
     camera: str = "corner"  # corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV
     instruction: bool = True  # observation 'instruction': the task's language instruction (a text entry)
+    video_size: int = 0  # > 0: also render the camera at this size under the key "video" (evaluation videos)
 
     def __post_init__(self) -> None:
         if self.reward not in ("sparse", "shaped"):
@@ -163,17 +165,19 @@ class MetaWorldEnv:
         if self.cfg.obs != "rgb":
             obs["state"] = np.asarray(state, dtype=np.float32)
         if self.cfg.rgb:
-            obs["rgb"] = self._renderer().render(self._env.data)
+            obs["rgb"] = self._renderer(self.cfg.image_size).render(self._env.data)
             obs["proprio"] = np.asarray(state[PROPRIO_INDEX], dtype=np.float32)
+        if self.cfg.video_size:
+            obs[VIDEO_KEY] = self._renderer(self.cfg.video_size).render(self._env.data)
         return obs
 
-    def _renderer(self) -> Any:
-        key = (self.cfg.camera, self.cfg.image_size)
+    def _renderer(self, size: int) -> Any:
+        key = (self.cfg.camera, size)
         renderer = self._env._rlinf_renderers.get(key)
         if renderer is None:
             from rlinf_sim_metaworld.render import FastRenderer
 
-            renderer = FastRenderer(self._env.model, self.cfg.camera, self.cfg.image_size, self.cfg.image_size)
+            renderer = FastRenderer(self._env.model, self.cfg.camera, size, size)
             self._env._rlinf_renderers[key] = renderer
         return renderer
 
@@ -205,9 +209,11 @@ class ScriptedExpert:
 
 
 class MetaWorldSimulator:
+    fps = 80  # control steps per second: 5 MuJoCo steps of 2.5 ms each (env.dt = 0.0125); datasets and videos use it
+
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(MetaWorldConfig, cfg, "sim")
-        if self.cfg.rgb:
+        if self.cfg.rgb or self.cfg.video_size:
             from rlinf_cli.headless_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # before anything imports mujoco
@@ -225,14 +231,23 @@ class MetaWorldSimulator:
         if c.rgb:
             obs["rgb"] = ArraySpec((c.image_size, c.image_size, 3), "uint8", 0, 255)
             obs["proprio"] = ArraySpec((len(PROPRIO_INDEX),), "float32")
+        if c.video_size:
+            obs[VIDEO_KEY] = ArraySpec((c.video_size, c.video_size, 3), "uint8", 0, 255)
         obs["task_id"] = ArraySpec((), "int64", 0, len(self.tasks) - 1)
         if c.instruction:
             obs["instruction"] = ArraySpec((), "str")
         return EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0), max_episode_steps=c.max_episode_steps,
                        tasks=self.tasks, has_success=True)
 
+    def with_video(self, size: int) -> tuple["MetaWorldSimulator", str]:
+        """This simulator with the camera also rendered at ``size`` under ``"video"`` (what
+        ``rlinf eval ... video=N`` records); everything else, physics included, is unchanged."""
+        from dataclasses import asdict
+
+        return MetaWorldSimulator({**asdict(self.cfg), "video_size": int(size)}), VIDEO_KEY
+
     def make_env(self, index: int) -> MetaWorldEnv:
-        if self.cfg.rgb:
+        if self.cfg.rgb or self.cfg.video_size:
             from rlinf_cli.headless_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # this may be a fresh worker process

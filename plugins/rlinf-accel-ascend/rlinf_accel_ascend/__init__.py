@@ -1,0 +1,1 @@
+"""rlinf accelerator backend `ascend`. Importing this package does not import torch."""

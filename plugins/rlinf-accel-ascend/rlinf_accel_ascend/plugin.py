@@ -1,0 +1,7 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_accelerators(register):
+    # `accelerator=auto` takes the available backend with the highest priority
+    register("ascend", "rlinf_accel_ascend.backend:Ascend", summary="Huawei Ascend NPUs via torch_npu (hccl)", priority=20)

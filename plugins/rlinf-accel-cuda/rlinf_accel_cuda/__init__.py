@@ -1,0 +1,1 @@
+"""rlinf accelerator backend `cuda`. Importing this package does not import torch."""

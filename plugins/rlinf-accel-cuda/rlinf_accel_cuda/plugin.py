@@ -1,0 +1,7 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_accelerators(register):
+    # `accelerator=auto` takes the available backend with the highest priority
+    register("cuda", "rlinf_accel_cuda.backend:CUDA", summary="NVIDIA GPUs via a CUDA build of torch (nccl)", priority=30)

@@ -1,0 +1,1 @@
+"""rlinf accelerator backend `musa`. Importing this package does not import torch."""

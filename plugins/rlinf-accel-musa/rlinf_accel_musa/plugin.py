@@ -1,0 +1,7 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_accelerators(register):
+    # `accelerator=auto` takes the available backend with the highest priority
+    register("musa", "rlinf_accel_musa.backend:MUSA", summary="Moore Threads GPUs via torch_musa (mccl)", priority=20)

@@ -1,0 +1,1 @@
+"""rlinf accelerator backend `rocm`. Importing this package does not import torch."""

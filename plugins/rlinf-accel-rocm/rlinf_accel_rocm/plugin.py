@@ -1,0 +1,7 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_accelerators(register):
+    # `accelerator=auto` takes the available backend with the highest priority
+    register("rocm", "rlinf_accel_rocm.backend:ROCm", summary="AMD GPUs via a ROCm build of torch (rccl, as nccl)", priority=30)

@@ -1,1 +1,0 @@
-"""Accelerator backends. Importing this package does not import torch."""

@@ -1,0 +1,8 @@
+"""The built-in CPU backend, registered through rlinf's own entry point like any plugin."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_accelerators(register):
+    register("cpu", "rlinf_cli.accel:CPU", summary="CPU (built in; gloo for several processes)", priority=0)
