@@ -106,10 +106,14 @@ class EpisodeDataset:
         self.generator = torch.Generator().manual_seed(seed)
 
     def prepare(self, policy: Any, note: Any) -> None:
+        """The policy must read what the dataset holds (a LeRobot dataset says which features map where)."""
+        from rlinf_cli.policy import check_compatible
+
         if self.data.meta.get("format") == "lerobot":
             from rlinf_cli.data import lerobot
 
             lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
+        check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
 
     def _batch(self, idx: torch.Tensor) -> MiniBatch:
         return MiniBatch(None, None, None, None, obs={k: v[idx] for k, v in self.obs.items()}, actions=self.actions[idx])

@@ -169,15 +169,17 @@ class EmbodiedCollector:
         return str(getattr(self._sim, "label", None) or name)
 
     # -- policies ---------------------------------------------------------------------------
-    def policy(self, source: str | None, model_node: Any = None, spec: EnvSpec | None = None) -> Any:
+    def policy(self, source: str | None, model_node: Any = None, spec: EnvSpec | None = None,
+               check: bool = True) -> Any:
         """A policy loaded from checkpoint ``source`` (checked against ``spec``, by default this
-        simulator's), or a fresh one for ``spec`` from the ``model`` config."""
+        simulator's, unless ``check`` is off), or a fresh one for ``spec`` from the ``model`` config."""
         from rlinf_cli.policy import check_compatible, load_policy
 
         spec = spec or self.spec
         if source:
             policy = load_policy(source, self.ctx.device)
-            check_compatible(policy, spec, f"checkpoint '{source}'")
+            if check:
+                check_compatible(policy, spec, f"checkpoint '{source}'")
             return policy
         model = get_registry().get("model", model_node.name)
         if model.attrs.get("modality") == "text":

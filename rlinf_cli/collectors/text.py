@@ -271,7 +271,7 @@ class TextCollector:
         return int(value) if value else int(self.task.max_new_tokens)
 
     # -- policies ---------------------------------------------------------------------------
-    def policy(self, source: str | None, model_node: Any = None, spec: Any = None) -> Any:
+    def policy(self, source: str | None, model_node: Any = None, spec: Any = None, check: bool = True) -> Any:
         from rlinf_cli.policy import load_policy
 
         if source:

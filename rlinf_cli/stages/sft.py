@@ -34,7 +34,7 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     collector = collectors.make(cfg, ctx, sim_node, text=text)
     data = collector.dataset(str(cfg.dataset), float(cfg.val_fraction), int(cfg.seed))
     algo.check(data.spec)
-    policy = collector.policy(cfg.init, cfg.model, data.spec)
+    policy = collector.policy(cfg.init, cfg.model, data.spec, check=False)  # the dataset checks it
     data.prepare(policy, ctx.note)
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
     return ctx, algo, collector, data, policy, engine, rank
