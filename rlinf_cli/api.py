@@ -125,6 +125,30 @@ class Simulator(Protocol):
         ...
 
 
+@runtime_checkable
+class HostedSimulator(Simulator, Protocol):
+    """A simulator whose envs live outside this process: on an env server (``sim=remote``), a
+    robot's computer. Executors do not start env workers for it; they ask it for worker handles
+    (:class:`~rlinf_cli.runtime.workers.WorkerHandle`) that reach the envs where they are, and
+    step them with the same :class:`~rlinf_cli.runtime.workers.WorkerVecEnv` as local workers
+    (see :func:`~rlinf_cli.runtime.workers.hosted_vec_env`). ``make_env`` still works (one
+    remote env each), so an executor that knows nothing of this protocol runs it too.
+    """
+
+    def default_workers(self, num_envs: int) -> int:
+        """How many sessions (remote workers) ``num_envs`` envs are spread over by default."""
+        ...
+
+    def connect_workers(self, shard_lists: Sequence[Sequence[tuple[int, int]]], autoreset: bool, codec: Any,
+                        timeout_s: float) -> list[Any]:
+        """One ready worker handle per list of ``(lo, hi)`` env ranges."""
+        ...
+
+    def describe(self) -> str:
+        """Where the envs are, for the run's notes (``3 servers: host:port, ...``)."""
+        ...
+
+
 @dataclass
 class StepBatch:
     """What a vectorised env returns for one step (leading dim = num_envs)."""

@@ -27,8 +27,10 @@ app = typer.Typer(
 )
 plugins_app = typer.Typer(help="Installed plugins (simulators, models, algorithms, accelerators, executors).", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect the composed configuration.", no_args_is_help=True)
+env_app = typer.Typer(help="Serve simulators to other Python environments and machines (sim=remote).", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
 app.add_typer(config_app, name="config")
+app.add_typer(env_app, name="env")
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -104,7 +106,7 @@ def pipeline(ctx: typer.Context) -> None:
 @config_app.command("show", context_settings=OVERRIDES)
 def config_show(
     ctx: typer.Context,
-    stage: str = typer.Argument(..., help="collect | sft | rl | eval"),
+    stage: str = typer.Argument(..., help="collect | sft | rl | eval | serve (rlinf env serve)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name (sugar for algo=NAME; rl and sft)"),
 ) -> None:
     """Print the composed config of STAGE with the given overrides applied."""
@@ -139,7 +141,7 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name users will type, e.g. mysim"),
-    kind: str = typer.Option("simulator", "--kind", help="simulator | model | algorithm"),
+    kind: str = typer.Option("simulator", "--kind", help="simulator | model | algorithm | robot (a simulator driving hardware)"),
     directory: str = typer.Option(".", "--dir", help="Where to create the package directory"),
 ) -> None:
     """Scaffold a plugin package that installs with pip and shows up in `rlinf plugins list`."""
@@ -161,7 +163,7 @@ def check_sim(ctx: typer.Context) -> None:
     from rlinf_cli.checks import check_simulator, check_text_task
     from rlinf_cli.collectors.embodied import make_simulator
 
-    cfg = _compose("eval", ["checkpoint=random", *ctx.args])
+    cfg = _compose("serve", list(ctx.args))  # the sim group alone: no executor or accelerator plugin needed (a served env)
     sim = make_simulator(cfg.sim)
     rows = check_text_task(sim) if getattr(sim, "modality", None) == "text" else check_simulator(sim)
     table = Table(title=f"rlinf check-sim: {cfg.sim.name}")
@@ -173,6 +175,27 @@ def check_sim(ctx: typer.Context) -> None:
     failed = [r for r in rows if not r[1]]
     if failed:
         raise UserError(f"{len(failed)} contract check(s) failed for simulator '{cfg.sim.name}': {failed[0][0]}: {failed[0][2]}")
+
+
+@env_app.command("serve", context_settings=OVERRIDES)
+def env_serve(ctx: typer.Context) -> None:
+    """Serve a simulator plugin over gRPC to `rlinf rl sim=remote sim.address=HOST:PORT` (no torch needed here).
+
+    Example: rlinf env serve sim=maniskill sim.task=PushCube-v1 port=50051
+    Binds 127.0.0.1; host=0.0.0.0 needs token=... (or RLINF_ENV_TOKEN). Ctrl-C stops it.
+    """
+    import logging
+
+    from rlinf_cli.remote.server import ServeConfig, make_served_simulator, serve_forever
+    from rlinf_cli.settings import build, plain
+
+    cfg = _compose("serve", list(ctx.args))
+    opts = {k: v for k, v in plain(cfg).items() if k not in ("sim", "stage", "choices", "log_level")}
+    serve_cfg = build(ServeConfig, opts, "serve")
+    level = str(cfg.get("log_level", "info")).upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sim, label = make_served_simulator(cfg.sim)
+    serve_forever(sim, serve_cfg, label)
 
 
 @app.command()

@@ -16,7 +16,7 @@ from rlinf_cli.errors import UserError, one_line
 from rlinf_cli.registry import GROUP_TO_KIND, get_registry, unknown_name_message
 
 CORE_CONF = Path(__file__).resolve().parent / "conf"
-STAGES = ("collect", "sft", "rl", "eval")
+STAGES = ("collect", "sft", "rl", "eval", "serve")  # serve: `rlinf env serve`
 _MISSING = object()
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rlinf_cli.errors import UserError
 
-KIND_PREFIX = {"simulator": "rlinf-sim-", "model": "rlinf-model-", "algorithm": "rlinf-algo-"}
+KIND_PREFIX = {"simulator": "rlinf-sim-", "model": "rlinf-model-", "algorithm": "rlinf-algo-",
+               "robot": "rlinf-robot-"}  # robot: a simulator plugin whose step drives hardware
 
 
 def new_plugin(name: str, kind: str, directory: str | Path) -> Path:

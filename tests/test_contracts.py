@@ -38,7 +38,19 @@ def test_simulator_contract(spec):
     """The checks of `rlinf check-sim`: spec, pickling, reset/step shapes, seeded determinism, expert."""
     from rlinf_cli.checks import check_simulator
 
-    rows = check_simulator(spec.load()(_option(spec, "sim")))
+    option = _option(spec, "sim")
+    if spec.attrs.get("hosted"):  # envs on an env server (sim=remote): serve the default simulator to it
+        from rlinf_cli.remote.server import EnvServer, ServeConfig
+
+        default = next(s for s in _embodied("simulator") if s.default)
+        server = EnvServer(default.load()(_option(default, "sim")), ServeConfig(port=0), default.name)
+        option["address"] = f"127.0.0.1:{server.start()}"
+        try:
+            rows = check_simulator(spec.load()(option))
+        finally:
+            server.stop(grace=0)
+    else:
+        rows = check_simulator(spec.load()(option))
     failed = [r for r in rows if not r[1]]
     assert len(rows) == 8 and not failed, failed
 

@@ -159,6 +159,12 @@ def resolve(cfg: RuntimeConfig, simulator: Any, num_envs: int) -> tuple[RuntimeC
     """Replace ``auto`` by a concrete mode (probing the simulator); other modes pass through."""
     if cfg.mode != "auto":
         return cfg, None
+    from rlinf_cli.api import HostedSimulator
+
+    if isinstance(simulator, HostedSimulator):  # its envs run on servers: nothing here to probe
+        choice = Choice("disaggregated", cfg.env_workers, 1, "runtime.mode=auto: the simulator's envs run on env "
+                        "server(s), stepped synchronously (runtime.mode=hybrid pipelines them with inference)")
+        return replace(cfg, mode="disaggregated"), choice
     choice = choose_mode(probe_sim(simulator, num_envs), cfg.infer_s or 0.0, num_envs, cpu_cores(),
                          stages=cfg.pipeline_stages)
     resolved = replace(cfg, mode=choice.mode, env_workers=choice.workers or cfg.env_workers,

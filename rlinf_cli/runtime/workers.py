@@ -78,6 +78,35 @@ def worker_shards(shards: Sequence[Shard], worker: int) -> list[tuple[int, int]]
     return [(s.lo, s.hi) for s in shards if s.worker == worker]
 
 
+def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, executor: str) -> "WorkerVecEnv | None":
+    """The vec env of a :class:`~rlinf_cli.api.HostedSimulator` (``sim=remote``); None for others.
+
+    Every executor calls this first: a hosted simulator's envs already run elsewhere, so the
+    executor starts no workers. ``runtime.env_workers`` (0 = the simulator's default: one session
+    per server core) sets how many sessions the envs are spread over; ``runtime.mode=hybrid``
+    pipelines them in ``pipeline_stages`` groups as for local workers; other modes step all
+    sessions synchronously. Crash recovery (``runtime.max_restarts``) reopens lost sessions.
+    """
+    from rlinf_cli.api import HostedSimulator
+
+    if not isinstance(simulator, HostedSimulator):
+        return None
+    workers = max(1, min(num_envs, rt.env_workers or simulator.default_workers(num_envs)))
+    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
+    shards = plan_shards(num_envs, workers, stages)
+    try:
+        handles = simulator.connect_workers([worker_shards(shards, w) for w in range(workers)], autoreset, rt.codec,
+                                            rt.worker_timeout_s)
+    except RemoteError as exc:
+        raise EnvWorkerError(f"the remote simulator failed to create its envs: {last_line(exc.args[0] if exc.args else '', 'error')}") from exc
+    except WorkerDied as exc:
+        raise EnvWorkerError(f"could not open env sessions: {exc}") from exc
+    label = (f"{executor}, {'hybrid' if stages > 1 else 'synchronous'}: {num_envs} envs in {workers} session(s) on "
+             f"{simulator.describe()}" + (f", {stages} pipeline stages" if stages > 1 else "")
+             + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
+    return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
+
+
 def last_line(text: Any, default: str) -> str:
     """The last line of a remote traceback or error text: the exception itself."""
     t = str(text).strip()

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 from rlinf_cli.api import Simulator, VecEnv
 from rlinf_cli.runtime import placement
 from rlinf_cli.runtime.vector import SyncVecEnv
-from rlinf_cli.runtime.workers import (EnvWorkerError, RemoteError, SharedObs, WorkerDied, WorkerVecEnv, last_line,
-                                      plan_layout, worker_shards)
+from rlinf_cli.runtime.workers import (EnvWorkerError, RemoteError, SharedObs, WorkerDied, WorkerVecEnv, hosted_vec_env,
+                                      last_line, plan_layout, worker_shards)
 
 # Below this many observation bytes per step, pickling through the pipe costs less than the
 # extra copy and bookkeeping of shared memory.
@@ -32,12 +32,16 @@ class LocalExecutor:
         if self._resolved is None:  # auto probes once; later env batches (evaluation) reuse its choice
             self._resolved, self.choice = placement.resolve(self.runtime, simulator, num_envs)
         rt = self._resolved
+        hosted = hosted_vec_env(simulator, rt, num_envs, autoreset, "local")
+        if hosted is not None:  # sim=remote: the envs are on env servers already
+            self._placement = hosted.label
+            return hosted
         if rt.mode == "collocated":
             self._placement = "local, collocated (envs stepped in this process)"
             return SyncVecEnv(simulator, range(num_envs), autoreset=autoreset)
         workers, stages, shards = plan_layout(rt, num_envs)
         shm = self._shared_memory(rt, simulator, num_envs)
-        from rlinf_executor_local.procs import start_workers
+        from rlinf_cli.runtime.procs import start_workers
 
         per_worker = [worker_shards(shards, w) for w in range(workers)]
         try:

@@ -17,8 +17,8 @@ from rlinf_cli import settings
 from rlinf_cli.api import Simulator, VecEnv
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime import placement
-from rlinf_cli.runtime.workers import (EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, last_line,
-                                      plan_layout, worker_shards)
+from rlinf_cli.runtime.workers import (EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, hosted_vec_env,
+                                      last_line, plan_layout, worker_shards)
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,10 @@ class RayExecutor:
                 self.choice = replace(self.choice, reason=self.choice.reason + "; executor=ray runs envs in actors "
                                       "anyway (synchronously): use executor=local to keep them in this process")
         rt = self._resolved
+        hosted = hosted_vec_env(simulator, rt, num_envs, autoreset, "ray (envs on env servers; no actors needed)")
+        if hosted is not None:  # sim=remote: the envs are on env servers already
+            self._placement = hosted.label
+            return hosted
         hybrid = rt.mode == "hybrid"
         workers, stages, shards = plan_layout(rt, num_envs)
         ray = self._init(workers)

@@ -1,5 +1,8 @@
 """Env worker processes on this machine: a pipe per worker, observations in shared memory.
 
+Shared by the local executor and by `rlinf env serve` (which hosts each client session's envs in
+one such process).
+
 A worker is started with ``forkserver`` (default) or ``spawn``, so it never inherits the
 driver's torch threads or GL contexts; the simulator travels pickled and is unpickled only
 after the worker has pinned its thread pools to one thread.

@@ -1,0 +1,1 @@
+"""ManiSkill3 tasks for rlinf. Importing this package imports neither mani_skill nor torch."""

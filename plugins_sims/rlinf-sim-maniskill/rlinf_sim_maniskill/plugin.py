@@ -1,0 +1,9 @@
+"""ManiSkill3 as an rlinf simulator. Importing this module imports neither mani_skill nor torch."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("maniskill", "rlinf_sim_maniskill.sim:ManiSkillSimulator",
+             summary="ManiSkill3 manipulation (PickCube, PushCube, StackCube, PegInsertionSide, ...): state or pixels, success")

@@ -1,0 +1,8 @@
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("remote", "rlinf_sim_remote.sim:RemoteSimulator",
+             summary="Envs on `rlinf env serve` servers (other Python environments, machines, robots): sim.address=host:port",
+             hosted=True)  # its envs need a running server (contract tests start one)

@@ -1,0 +1,8 @@
+"""Registers the robot as a simulator. Keep this module light: no driver or torch imports here."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("{{name}}", "{{package}}.sim:Simulator", summary="{{name}}: a robot (fake cart-pole until you plug in yours)")

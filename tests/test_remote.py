@@ -1,0 +1,414 @@
+"""The env server (`rlinf env serve`) and `sim=remote`: same results as local workers, the
+simulator contract through the wire, tokens, faults, malformed messages. Loopback only."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fake_sims import CounterSim
+from rlinf_cli.errors import UserError
+from rlinf_cli.remote import wire
+from rlinf_cli.remote.server import EnvServer, ServeConfig
+from rlinf_cli.runtime.codec import Packed
+from rlinf_cli.runtime.workers import EnvWorkerError, Reply
+from rlinf_executor_local.executor import LocalExecutor
+from rlinf_sim_remote.sim import RemoteSimulator
+from test_runtime_workers import _assert_same, _trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def serving(sim, **cfg):
+    """An env server in this process (its sessions' workers are processes); yields its address."""
+    server = EnvServer(sim, ServeConfig(port=0, **cfg), "test")
+    port = server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server_process(port: int, *args: str, env: dict | None = None):
+    """`rlinf env serve` as a subprocess (for kill -9 / SIGSTOP); waits until it answers."""
+    proc = subprocess.Popen([sys.executable, "-m", "rlinf_cli", "env", "serve", "sim=gymnasium", "sim.env_id=CartPole-v1",
+                             f"port={port}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def _local(mode: str, **runtime) -> LocalExecutor:
+    return LocalExecutor({"name": "local", "runtime": {"mode": mode, "env_workers": 2, **runtime}})
+
+
+def _cartpole():
+    from rlinf_sim_gymnasium.sim import GymnasiumSimulator
+
+    return GymnasiumSimulator({"env_id": "CartPole-v1"})
+
+
+# -- the wire --------------------------------------------------------------------------------
+def test_wire_round_trips_arrays_packed_obs_and_replies() -> None:
+    reply = Reply({"rgb": Packed((2, 4, 4, 3), "|u1", True, b"\x01\x02")}, np.arange(2, dtype=np.float32),
+                  np.array([True, False]), np.zeros(2, bool), np.ones(2, bool), {"state": np.eye(2)}, {"x": 1.5})
+    back = wire.unpack(wire.pack({"ok": reply, "t": (1, "a"), "n": np.int64(3)}))
+    got = back["ok"]
+    assert isinstance(got, Reply) and got.obs["rgb"] == reply.obs["rgb"] and got.stats == {"x": 1.5}
+    np.testing.assert_array_equal(got.reward, reply.reward)
+    np.testing.assert_array_equal(got.final_obs["state"], np.eye(2))
+    assert got.terminated.dtype == bool and back["t"] == (1, "a") and back["n"] == 3
+
+
+def test_wire_refuses_what_it_cannot_check() -> None:
+    import msgpack
+
+    with pytest.raises(TypeError):
+        wire.pack({"x": np.array([object()])})
+    with pytest.raises(TypeError):  # no pickle-able objects on the wire
+        wire.pack({"x": {1, 2}})
+    bad = [
+        b"\xc1\xff\x00",  # not msgpack
+        msgpack.packb(msgpack.ExtType(1, msgpack.packb(["|O", [1], b"12345678"]))),  # object dtype
+        msgpack.packb(msgpack.ExtType(1, msgpack.packb(["<f4", [3], b"1234"]))),  # bytes do not match the shape
+        msgpack.packb(msgpack.ExtType(1, msgpack.packb(["<f4", [-1], b""]))),  # negative dimension
+        msgpack.packb(msgpack.ExtType(9, b"")),  # unknown extension
+        msgpack.packb({1: 2}),  # non-string keys
+    ]
+    for data in bad:
+        with pytest.raises(wire.WireError):
+            wire.unpack(data)
+
+
+# -- same results as local workers; every executor and mode ---------------------------------
+@pytest.mark.parametrize("mode,extra", [("disaggregated", {}), ("hybrid", {"obs_compression": "lz4", "obs_delta": True}),
+                                        ("collocated", {"obs_compression": "zstd"})])
+@pytest.mark.parametrize("autoreset", [True, False])
+def test_remote_envs_match_local_ones(mode: str, extra: dict, autoreset: bool) -> None:
+    sim = CounterSim(horizon=4, image=True)
+    ref = _local("collocated").make_vec_env(sim, 5, autoreset)
+    with serving(sim) as address:
+        remote = RemoteSimulator({"address": address})
+        assert remote.spec == sim.spec
+        env = _local(mode, **extra).make_vec_env(remote, 5, autoreset)
+        try:
+            assert "session(s) on 1 env server(s)" in env.label
+            _assert_same(_trace(ref), _trace(env))
+            _assert_same(_trace(ref, seed0=99), _trace(env, seed0=99))
+        finally:
+            env.close()
+            ref.close()
+
+
+def test_restore_replays_on_the_server_like_locally() -> None:
+    """Exact resume through the wire: the server resets each env into its episode and replays the actions."""
+    sim = CounterSim(horizon=10)
+    actions = [np.array([1, 2, 0], np.int64), np.zeros(0, np.int64), np.array([2], np.int64)]
+    ref = _local("collocated").make_vec_env(sim, 3, True)
+    with serving(sim) as address:
+        env = _local("hybrid").make_vec_env(RemoteSimulator({"address": address}), 3, True)
+        try:
+            want = ref.restore([11, 12, 13], [0, 2, 5], actions)
+            got = env.restore([11, 12, 13], [0, 2, 5], actions)
+            _assert_same(want, got)
+            assert got["state"][:, 2].tolist() == [3.0, 0.0, 1.0]  # steps replayed per env
+            a = np.ones(3, np.int64)
+            _assert_same(ref.step(a).obs, env.step(a).obs)
+        finally:
+            env.close()
+            ref.close()
+
+
+def test_ray_executor_and_several_servers() -> None:
+    from rlinf_executor_ray.executor import RayExecutor
+
+    sim = CounterSim(horizon=3)
+    ref = _local("collocated").make_vec_env(sim, 6, True)
+    with serving(sim) as a, serving(sim) as b:
+        remote = RemoteSimulator({"address": [a, b], "sessions_per_server": 2})
+        env = RayExecutor({"name": "ray", "runtime": {"mode": "hybrid", "pipeline_stages": 2}}).make_vec_env(remote, 6, True)
+        try:
+            assert len(env.handles) == 4 and {h.ep.address for h in env.handles} == {a, b}
+            _assert_same(_trace(ref), _trace(env))
+        finally:
+            env.close()
+            ref.close()
+
+
+def test_auto_mode_does_not_probe_a_remote_simulator() -> None:
+    sim = CounterSim()
+    with serving(sim) as address:
+        ex = _local("auto")
+        env = ex.make_vec_env(RemoteSimulator({"address": address}), 4, True)
+        env.close()
+    assert ex.choice is not None and "env server" in ex.choice.reason
+
+
+# -- the contract and the CLI through the wire -----------------------------------------------
+def test_check_sim_through_the_wire(cli) -> None:
+    with serving(_cartpole()) as address:
+        res = cli("check-sim", "sim=remote", f"sim.address={address}")
+    assert res.code == 0, res.err
+    assert "FAIL" not in res.out and res.out.count("| pass") + res.out.count("│ pass") == 8  # the expert too
+
+
+def test_rl_through_the_wire_resumes_exactly_and_overlaps(cli, workdir) -> None:
+    """`rlinf rl sim=remote`: a resumed run equals the uninterrupted one (the server replays the
+    in-flight episodes), and overlapped rollouts open sessions (not one remote env per instance)."""
+    import json
+
+    common = ["--algo", "ppo", "algo.rollout_steps=32", "num_envs=4", "eval.episodes=2", "tracking.enabled=false",
+              "progress=false", "checkpoint.interval=1", "checkpoint.keep=10"]
+    with serving(_cartpole(), max_sessions=4) as address:
+        remote = ["sim=remote", f"sim.address={address}", "sim.sessions_per_server=2"]
+        full = cli("rl", *remote, *common, "total_steps=384", "run_dir=full")
+        assert full.code == 0, full.err
+        part = cli("rl", *remote, *common, "total_steps=384", "run_dir=part", "resume=full/checkpoints/iter_000001")
+        assert part.code == 0, part.err
+        over = cli("rl", *remote, *common, "total_steps=256", "run_dir=over", "runtime.overlap_update=true")
+        assert over.code == 0, over.err
+    def last_update(run: str) -> dict:
+        rows = [json.loads(x) for x in (workdir / run / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if "train/policy_loss" in r][-1]
+
+    a, b = last_update("full"), last_update("part")
+    assert a["step"] == b["step"] == 384
+    for key in ("train/policy_loss", "train/value_loss", "train/approx_kl"):
+        assert a[key] == b[key], key
+
+
+def test_token_missing_or_wrong_is_one_line_and_exit_2(cli, monkeypatch) -> None:
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    with serving(_cartpole(), token="s3cret") as address:
+        missing = cli("check-sim", "sim=remote", f"sim.address={address}")
+        wrong = cli("check-sim", "sim=remote", f"sim.address={address}", "sim.token=guess")
+        monkeypatch.setenv(wire.TOKEN_ENV, "s3cret")
+        good = cli("check-sim", "sim=remote", f"sim.address={address}")
+    for res, why in ((missing, "requires a token"), (wrong, "wrong token")):
+        assert res.code == 2
+        assert res.err.startswith("error: env server 127.0.0.1:") and why in res.err, res.err
+        assert res.err.count("\n") == 1 and "Traceback" not in res.err
+    assert good.code == 0, good.err
+
+
+def test_binding_beyond_loopback_needs_a_token(cli, monkeypatch) -> None:
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    with pytest.raises(UserError, match="set a token"):
+        EnvServer(CounterSim(), ServeConfig(host="0.0.0.0"))
+    EnvServer(CounterSim(), ServeConfig(host="0.0.0.0", token="t"))  # allowed (not started: loopback-only tests)
+    res = cli("env", "serve", "sim=gymnasium", "host=0.0.0.0", "port=0")
+    assert res.code == 2 and "set a token" in res.err
+    with serving(CounterSim()) as address:  # a port already taken: one line, exit 2
+        res = cli("env", "serve", "sim=gymnasium", f"port={address.rsplit(':', 1)[1]}")
+    assert res.code == 2 and res.err == f"error: cannot serve on {address}: the port is in use (another server?) or " \
+        "the address is not on this machine\n"
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for localhost/127.0.0.1 and its key (PEM), made here."""
+    import datetime
+    import ipaddress
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_with_a_token(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    cert, key = _self_signed(tmp_path)
+    with serving(CounterSim(), tls_cert=str(cert), tls_key=str(key), token="t0k") as address:
+        good = cli("check-sim", "sim=remote", f"sim.address={address}", "sim.tls=true", f"sim.tls_ca={cert}",
+                   "sim.token=t0k")
+        plain = cli("check-sim", "sim=remote", f"sim.address={address}", "sim.token=t0k", "sim.connect_timeout_s=2")
+    assert good.code == 0, good.err
+    assert plain.code == 2 and "sim.tls=true" in plain.err and plain.err.count("\n") == 1
+
+
+def test_no_server_is_a_clear_error(cli) -> None:
+    res = cli("check-sim", "sim=remote", f"sim.address=127.0.0.1:{free_port()}", "sim.connect_timeout_s=1")
+    assert res.code == 2 and "no env server answered" in res.err and res.err.count("\n") == 1
+
+
+# -- faults ------------------------------------------------------------------------------------
+def _remote_env(port: int, n: int = 4, reconnect_s: float = 2.0, timeout_s: float = 30.0, restarts: int = 3):
+    remote = RemoteSimulator({"address": f"127.0.0.1:{port}", "reconnect_s": reconnect_s, "sessions_per_server": 2})
+    return _local("disaggregated", worker_timeout_s=timeout_s, max_restarts=restarts).make_vec_env(remote, n, True)
+
+
+def test_server_killed_mid_run_is_a_clear_error() -> None:
+    port = free_port()
+    with server_process(port) as proc:
+        env = _remote_env(port)
+        try:
+            env.reset([0, 1, 2, 3])
+            env.step(np.zeros(4, dtype=np.int64))
+            proc.kill()
+            proc.wait()
+            t0 = time.monotonic()
+            with pytest.warns(RuntimeWarning, match="died during step"):
+                with pytest.raises(EnvWorkerError, match=r"could not be restarted: .*no new session within 2 s"):
+                    env.step(np.zeros(4, dtype=np.int64))
+            assert time.monotonic() - t0 < 15
+        finally:
+            env.close()
+
+
+def test_server_restarted_mid_run_reconnects_and_truncates() -> None:
+    port = free_port()
+    with server_process(port) as proc:
+        env = _remote_env(port, reconnect_s=60)
+        try:
+            env.reset([0, 1, 2, 3])
+            for _ in range(3):
+                env.step(np.zeros(4, dtype=np.int64))
+            proc.kill()
+            proc.wait()
+            with server_process(port):
+                with pytest.warns(RuntimeWarning, match="restarted it"):
+                    sb = env.step(np.zeros(4, dtype=np.int64))
+                assert sb.truncated.all() and sb.final_obs is not None  # both sessions lost their episodes
+                assert sb.stats["runtime/worker_restarts"] == 2.0
+                after = env.step(np.zeros(4, dtype=np.int64))  # the new sessions step on
+                assert not after.truncated.any()
+        finally:
+            env.close()
+
+
+def test_hung_server_surfaces_after_worker_timeout() -> None:
+    port = free_port()
+    with server_process(port) as proc:
+        env = _remote_env(port, reconnect_s=1, timeout_s=2, restarts=1)
+        try:
+            env.reset([0, 1, 2, 3])
+            os.kill(proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            with pytest.warns(RuntimeWarning, match=r"no reply from 127.0.0.1:\d+ in 2 s"):
+                with pytest.raises(EnvWorkerError, match="could not be restarted"):
+                    env.step(np.zeros(4, dtype=np.int64))
+            assert 2 <= time.monotonic() - t0 < 20
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            env.close()
+
+
+# -- malformed and oversized messages ---------------------------------------------------------
+def test_malformed_messages_close_that_session_and_the_server_serves_on(caplog) -> None:
+    import grpc
+    import msgpack
+
+    sim = CounterSim(image=True)
+    open_msg = {"op": "open", "protocol": wire.PROTOCOL, "shards": [[0, 2]], "autoreset": True, "codec": ["none", False, 1]}
+    bad_sessions = {
+        "garbage": [b"\x00\xff\xfe garbage"],
+        "not open": [wire.pack({"op": "call", "method": "step", "args": [0]})],
+        "bad shards": [wire.pack({**open_msg, "shards": [[3, 1]]})],
+        "unknown method": [wire.pack(open_msg), wire.pack({"op": "call", "method": "__init__", "args": [0]})],
+        "wrong action shape": [wire.pack(open_msg), wire.pack({"op": "call", "method": "step",
+                                                               "args": [0, np.zeros((5,), np.int64)]})],
+        "action out of range": [wire.pack(open_msg), wire.pack({"op": "call", "method": "step",
+                                                                "args": [0, np.full((2,), 7, np.int64)]})],
+        "object array": [wire.pack(open_msg), msgpack.packb({"op": "call", "method": "step", "args": [
+            0, msgpack.ExtType(1, msgpack.packb(["|O", [2], b"x" * 16]))]})],
+        "oversized": [wire.pack(open_msg), b"\x00" * 300_000],
+    }
+    caplog.set_level(logging.INFO, logger="rlinf.env")
+    with serving(sim, max_message_mb=0.1) as address:
+        for name, messages in bad_sessions.items():
+            channel = grpc.insecure_channel(address)
+            call = channel.stream_stream(wire.SESSION)(iter(messages))
+            with pytest.raises(grpc.RpcError) as err:
+                for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.value.details())
+            channel.close()
+        channel = grpc.insecure_channel(address)
+        with pytest.raises(grpc.RpcError):
+            channel.unary_unary(wire.INFO)(b"\xc1", timeout=10)
+        channel.close()
+        # the server still serves, and the bad calls never reached the simulator: a good client
+        # sees a fresh simulator
+        env = _local("disaggregated").make_vec_env(RemoteSimulator({"address": address}), 2, True)
+        try:
+            obs = env.reset([5, 6])
+            assert obs["state"][:, 1].tolist() == [5.0, 6.0]
+            assert env.step(np.ones(2, np.int64)).reward.tolist() == [1.0, 1.0]
+        finally:
+            env.close()
+    text = caplog.text
+    assert text.count("closed the connection") >= len(bad_sessions)
+    assert "malformed message" in text and "over the 0.1 MiB limit" in text and "unknown method '__init__'" in text
+
+
+def test_simulator_errors_travel_as_one_line() -> None:
+    sim = CounterSim(horizon=50, fail_env=1, fail_at=2, fail_how="raise")
+    with serving(sim) as address:
+        env = _local("disaggregated").make_vec_env(RemoteSimulator({"address": address}), 2, True)
+        try:
+            env.reset([0, 1])
+            env.step(np.zeros(2, np.int64))
+            with pytest.raises(EnvWorkerError, match="failed in step: ValueError: simulated physics blow-up in env 1$"):
+                env.step(np.zeros(2, np.int64))
+        finally:
+            env.close()
+
+
+# -- the server needs no torch ------------------------------------------------------------------
+def test_server_runs_without_torch(tmp_path, cli) -> None:
+    """`rlinf env serve` in an environment where torch, MLflow and pyarrow cannot be imported."""
+    for name in ("torch", "mlflow", "pyarrow"):
+        (tmp_path / "blocked" / name).mkdir(parents=True)
+        (tmp_path / "blocked" / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    port = free_port()
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), os.environ.get("PYTHONPATH", "")])}
+    with server_process(port, "start_method=spawn", env=env) as proc:
+        res = cli("check-sim", "sim=remote", f"sim.address=127.0.0.1:{port}")
+        assert res.code == 0, res.err
+        assert proc.poll() is None
