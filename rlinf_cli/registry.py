@@ -221,3 +221,12 @@ def reset_registry() -> None:
     """Forget the cached registry (tests install and uninstall plugins)."""
     get_registry.cache_clear()
     importlib.invalidate_caches()
+
+
+def make_simulator(node: Any) -> Any:
+    """Build the simulator a ``sim`` config node names (torch-free: the env server uses it too)."""
+    from rlinf_cli.settings import plain
+
+    data = dict(plain(node))
+    return get_registry().load("simulator", data["name"])(data)
+

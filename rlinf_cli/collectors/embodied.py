@@ -18,14 +18,9 @@ from rlinf_cli.api import EnvSpec, Executor, Obs, Simulator, StepBatch
 from rlinf_cli.collectors.base import Evaluation, training_seeds
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
-from rlinf_cli.registry import get_registry
+from rlinf_cli.registry import get_registry, make_simulator
 from rlinf_cli.runtime.rollout import EpisodeRecorder, EpisodeStats, Recorder, Runner, policy_actor, run_episodes
 from rlinf_cli.settings import plain
-
-
-def make_simulator(node: Any) -> Simulator:
-    data = dict(plain(node))
-    return get_registry().load("simulator", data["name"])(data)
 
 
 def make_executor(node: Any, runtime: dict[str, Any] | None = None) -> Executor:

@@ -255,7 +255,7 @@ class TextCollector:
         self.task: TextTask | None = None
         self.label = "jsonl"
         if node is not None and node.get("name"):
-            from rlinf_cli.collectors.embodied import make_simulator
+            from rlinf_cli.registry import make_simulator
 
             self.task = make_simulator(node)
             if getattr(self.task, "modality", None) != TEXT:

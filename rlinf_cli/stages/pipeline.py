@@ -88,7 +88,7 @@ def run(args: list[str]) -> dict[str, Any]:
 
     from rich.console import Console
 
-    from rlinf_cli.collectors.embodied import make_simulator
+    from rlinf_cli.registry import make_simulator
     from rlinf_cli.config import compose, inherited_overrides
     from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
     from rlinf_cli.validate import validate
