@@ -214,7 +214,7 @@ class MetaWorldSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(MetaWorldConfig, cfg, "sim")
         if self.cfg.rgb or self.cfg.video_size:
-            from rlinf_cli.headless_gl import prepare_mujoco_gl
+            from rlinf_mujoco_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # before anything imports mujoco
         self.tasks = _resolve_tasks(self.cfg)
@@ -248,7 +248,7 @@ class MetaWorldSimulator:
 
     def make_env(self, index: int) -> MetaWorldEnv:
         if self.cfg.rgb or self.cfg.video_size:
-            from rlinf_cli.headless_gl import prepare_mujoco_gl
+            from rlinf_mujoco_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # this may be a fresh worker process
         return MetaWorldEnv(self.cfg, self.tasks, index)
