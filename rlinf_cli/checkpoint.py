@@ -164,19 +164,6 @@ def load_training_state(path: Path, engine: Any, generator: torch.Generator | No
     return state
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """The resolved config saved beside a checkpoint (``{}`` if there is none)."""
-    from omegaconf import OmegaConf
-
-    f = Path(path) / CONFIG_YAML
-    if not f.is_file():
-        return {}
-    try:
-        return OmegaConf.to_container(OmegaConf.load(f), resolve=True)  # type: ignore[return-value]
-    except Exception as exc:
-        raise UserError(f"'{f}' is not valid YAML ({exc}); the checkpoint is damaged") from exc
-
-
 def prune(directory: Path, keep: int, prefix: str = "iter_") -> None:
     """Delete all but the ``keep`` newest ``iter_*`` checkpoints."""
     ckpts = sorted(p for p in directory.glob(f"{prefix}*") if p.is_dir())

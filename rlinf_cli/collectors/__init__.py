@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlinf_cli.collectors.base import Collector, Evaluation, training_seeds
+from rlinf_cli.collectors.base import Evaluation, training_seeds
 
-__all__ = ["Collector", "Evaluation", "make", "for_dataset", "training_seeds"]
+__all__ = ["Evaluation", "make", "dataset_source", "training_seeds"]
 
 
 def modality(sim_node: Any) -> str:
@@ -24,7 +24,7 @@ def modality(sim_node: Any) -> str:
     return str(get_registry().get("simulator", str(name)).attrs.get("modality", "embodied"))
 
 
-def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> Collector:
+def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> Any:
     """The collector for ``sim_node`` (default: ``cfg.sim``); ``text`` forces the text one (a
     JSONL dataset without a known task)."""
     node = sim_node if sim_node is not None else cfg.get("sim")
