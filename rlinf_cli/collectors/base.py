@@ -7,7 +7,7 @@ a language model's completions scored by a task) provide:
 
 - ``policy(source, model_node, spec, check)``, ``prepare_rl(policy, cfg)``: a policy from a
   checkpoint or the model config, checked against this world;
-- ``budget(cfg)``, ``units(state)``, ``unit``: what `rl`'s budget counts;
+- ``budget(cfg)``, ``units(state)``, ``unit``: the size of an `rl` run and what it counts;
 - ``start(policy, algo, rank, world, state, saved)``: prepare collection (continue from the
   arrays ``state()`` saved), returns notes; ``collect(policy, algo, iteration) -> Experience``;
   ``epochs(exp, adv, ret, algo, generator)``: one iterable of minibatches per epoch;

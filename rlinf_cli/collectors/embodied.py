@@ -210,9 +210,9 @@ class EmbodiedCollector:
         return self._executor
 
     # -- rl ---------------------------------------------------------------------------------
-    def budget(self, cfg: Any) -> tuple[int, int]:
-        """``(total, per-rank units)``: `rl` runs until ``total_steps`` env steps."""
-        return int(cfg.total_steps), 0
+    def budget(self, cfg: Any) -> int:
+        """`rl` runs until ``total_steps`` env steps."""
+        return int(cfg.total_steps)
 
     def units(self, state: dict[str, Any]) -> float:
         return float(state["env_steps"])

@@ -298,8 +298,8 @@ class TextCollector:
         return self.policy(source)
 
     # -- rl ---------------------------------------------------------------------------------
-    def budget(self, cfg: Any) -> tuple[int, int]:
-        return int(cfg.text.iterations), 0
+    def budget(self, cfg: Any) -> int:
+        return int(cfg.text.iterations)
 
     def units(self, state: dict[str, Any]) -> float:
         return float(state["iteration"])

@@ -40,7 +40,7 @@ class Run:
     @property
     def done(self) -> float:
         """Fraction of the budget used (the unit of the learning-rate schedule)."""
-        return self.collector.units(self.state) / self.collector.budget(self.cfg)[0]
+        return self.collector.units(self.state) / self.collector.budget(self.cfg)
 
     def step(self) -> int:
         """The x axis of every metric: env steps (embodied) or iterations (text)."""
@@ -130,7 +130,7 @@ def train(run: Run, progress: Any) -> None:
 
     cfg, state = run.cfg, run.state
     interval, eval_every = max(1, int(cfg.checkpoint.interval)), int(cfg.eval.interval)
-    total = run.collector.budget(cfg)[0]
+    total = run.collector.budget(cfg)
     try:
         for line in run.collector.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
             run.ctx.note(line)
@@ -201,7 +201,7 @@ def run(cfg: Any) -> dict[str, Any]:
     tags = {**common.plugin_tags(cfg), "rlinf.modality": r.collector.modality, "rlinf.backend": r.engine.backend}
     resumed = {"resume_run_id": r.state.get("mlflow_run_id"), "resume_step": r.step()} if cfg.resume else {}
     with r.ctx.track(cfg, tags, **resumed) as r.tracker, \
-            Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg)[0], r.collector.unit,
+            Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg), r.collector.unit,
                      enabled=bool(cfg.progress)) as progress:
         progress.done = float(r.step())
         r.tracker.log_params(flatten(cfg))
