@@ -51,7 +51,10 @@ def _array_bytes(a: np.ndarray) -> memoryview:
 def _default(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype == object:  # text entries: the strings themselves (msgpack str), never pickle
-            return _ext(_TEXT, [list(x.shape), [str(v) for v in x.ravel()]])
+            values = x.ravel().tolist()
+            if not all(isinstance(v, str) for v in values):
+                raise TypeError("object arrays cross the wire only as text entries (strings)")
+            return _ext(_TEXT, [list(x.shape), values])
         if x.dtype.kind not in "biuf":
             raise TypeError(f"arrays of dtype {x.dtype} cannot cross the wire")
         return _ext(_ND, [x.dtype.str, list(x.shape), _array_bytes(x)])
