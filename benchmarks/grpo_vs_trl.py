@@ -103,7 +103,7 @@ class RlinfStepper:
         exp = self.collector.collect(self.policy, self.algo, self.it)
         update(self.engine, self.algo, exp, self.collector, self.generator)
         self.step_s.append(time.perf_counter() - t0)
-        stats = self.collector.metrics(exp)
+        stats = self.collector.metrics(exp, self.step_s[-1])
         self.gen_s.append(self.collector._last.seconds)
         self.tokens.append(int(stats["rollout/generated_tokens"]))
         self.reward.append(stats["rollout/reward_mean"])

@@ -11,7 +11,7 @@ a language model's completions scored by a task) provide:
 - ``start(policy, algo, rank, world, state, saved)``: prepare collection (continue from the
   arrays ``state()`` saved), returns notes; ``collect(policy, algo, iteration) -> Experience``;
   ``epochs(exp, adv, ret, algo, generator)``: one iterable of minibatches per epoch;
-  ``logprobs(policy, exp)``: a reference policy's log-probs; ``metrics(exp)``, ``info(metrics)``;
+  ``logprobs(policy, exp)``: a reference policy's log-probs; ``metrics(exp, seconds)``, ``info(metrics)``;
 - ``evaluate(policy, episodes, seed, ...) -> Evaluation``, ``table(rows, title)``,
   ``check_video(n, size)``;
 - ``dataset(path, val_fraction, seed)`` for `sft`; ``writer(...)``, ``record(...)``,

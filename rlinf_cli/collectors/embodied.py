@@ -322,8 +322,10 @@ class EmbodiedCollector:
         obs = {k: v.reshape(T * N, *v.shape[2:]) for k, v in exp.obs.items()}
         return policy.evaluate(obs, exp.actions.reshape(T * N, *exp.actions.shape[2:])).logprob.reshape(T, N)
 
-    def metrics(self, exp: Experience) -> dict[str, float]:
+    def metrics(self, exp: Experience, seconds: float) -> dict[str, float]:
+        """Rollout numbers of ``exp``, which took ``seconds`` to collect and learn from."""
         out = {f"rollout/{k}": v for k, v in exp.stats.items()}
+        out["time/env_steps_per_s"] = exp.env_steps / max(seconds, 1e-9)
         if exp.episodes:
             s = summarize(exp.episodes, self.spec.has_success)
             out.update({f"rollout/{k}": v for k, v in s.items() if k != "return_std"})

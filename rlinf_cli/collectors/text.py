@@ -399,13 +399,16 @@ class TextCollector:
         out = policy.evaluate(exp.obs, exp.actions, with_entropy=False)
         return out.logprob.reshape(exp.logprobs.shape)
 
-    def metrics(self, exp: Experience) -> dict[str, float]:
+    def metrics(self, exp: Experience, seconds: float = 0.0) -> dict[str, float]:
+        """Rollout numbers of ``exp``, which took ``seconds`` to sample and learn from."""
         s, seen = self._last, self._last.seen
         rewards = [x.score.reward for x in seen]
         return {"rollout/reward_mean": sum(rewards) / max(len(rewards), 1), "rollout/accuracy": accuracy(seen),
                 "rollout/completion_tokens_mean": s.generated_tokens / max(len(seen), 1),
+                "rollout/generated_tokens": float(s.generated_tokens),
                 "rollout/groups_dropped": float(s.groups_dropped), "rollout/groups_kept": float(s.groups_kept),
-                "rollout/generated_tokens": float(s.generated_tokens)}
+                "time/env_steps_per_s": len(seen) / max(seconds, 1e-9),
+                "time/generated_tokens_per_s": s.generated_tokens / max(seconds, 1e-9)}
 
     def info(self, metrics: dict[str, float]) -> str:
         return f"reward {metrics['rollout/reward_mean']:.3f}  acc {metrics['rollout/accuracy']:.0%}"

@@ -74,8 +74,7 @@ def setup(cfg: Any) -> Run:
               {"iteration": 0, "env_steps": 0}, reference=reference)
     if resume_dir is not None:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
-        ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']} "
-                 f"({run.state['env_steps']:,} {'env steps' if collector.unit == 'steps' else 'completions'})")
+        ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']}")
     return run
 
 
@@ -95,13 +94,10 @@ def iterate(run: Run) -> dict[str, float]:
     t_update = time.perf_counter() - t0 - t_rollout
     run.state["iteration"] = it + 1
     run.state["env_steps"] += exp.env_steps * run.world  # every rank collected its own
-    metrics.update(run.collector.metrics(exp))
+    metrics.update(run.collector.metrics(exp, t_rollout + t_update))
     metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/step_s": t_rollout + t_update,
                     "time/cpu_s": time.process_time() - cpu0,  # this process only: contention shows beside wall time
-                    "time/env_steps_per_s": exp.env_steps / max(t_rollout + t_update, 1e-9),
                     "iteration": float(it + 1), "env_steps": float(run.state["env_steps"]), "lr": run.engine.lr})
-    if "rollout/generated_tokens" in metrics:
-        metrics["time/generated_tokens_per_s"] = metrics.pop("rollout/generated_tokens") / max(t_rollout + t_update, 1e-9)
     return metrics
 
 
