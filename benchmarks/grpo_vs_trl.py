@@ -6,8 +6,8 @@ per prompt with at most 4 new tokens at temperature 1, and take one AdamW step p
 eps 1e-5, grad-norm clip 1.0, no KL, no reference model, clip 0.2/0.28, token-level loss,
 group-std advantages). The two run interleaved step by step in one process: after each TRL step a
 callback runs one rlinf step, so load from other processes on a shared machine hits both alike.
-The rlinf step is the body of `rlinf rl`'s text loop (rlinf_cli/stages/text_rl.py): the same
-`collect_groups`, `to_batch` and `update` on the same Engine, with the same prompt seeds, minus
+The rlinf step is the body of `rlinf rl`'s loop (rlinf_cli/stages/rl.py) with the text collector: the same
+collector `collect`, the one `update` and the same Engine, with the same prompt seeds, minus
 the per-iteration tracking. Reported per system: median seconds per step (sampling + update), median generated
 tokens/s (completion tokens / step time) and generation-phase tokens/s, and held-out greedy
 exact-match accuracy of the final model (the same evaluator and 300 held-out prompts for both).
@@ -46,18 +46,25 @@ def build_sft(workdir: Path, epochs: int) -> Path:
     return workdir / "sft" / "checkpoints" / "best"
 
 
-def heldout_accuracy(policy, n: int) -> float:
-    from rlinf_cli.stages import text_common as tc
-    from rlinf_sim_reasoning.tasks import ArithmeticTask
+def _collector(seed: int):
+    """rlinf's text collector for the benchmark's task (what `rlinf rl` builds for sim=arithmetic)."""
+    from types import SimpleNamespace
 
-    task = ArithmeticTask(TASK)
-    summary, _ = tc.evaluate(policy, task, n, 1_000_000, TASK["max_new_tokens"])
-    return summary["accuracy"]
+    from omegaconf import OmegaConf
+
+    from rlinf_cli.collectors.text import TextCollector
+
+    cfg = OmegaConf.create({"seed": seed, "num_envs": 8, "text": {"max_new_tokens": None}, "sim": dict(TASK)})
+    return TextCollector(cfg, SimpleNamespace(device="cpu"), cfg.sim)
+
+
+def heldout_accuracy(policy, n: int) -> float:
+    return _collector(0).evaluate(policy, n, 1_000_000, examples=0).summary["accuracy"]
 
 
 def step_prompts(seed: int, steps: int, groups: int) -> list[list]:
     """The prompts rlinf's `rl` stage draws at each iteration (one process), for TRL's dataset."""
-    from rlinf_cli.stages.common import training_seeds
+    from rlinf_cli.collectors import training_seeds
     from rlinf_sim_reasoning.tasks import ArithmeticTask
 
     task = ArithmeticTask(TASK)
@@ -65,45 +72,41 @@ def step_prompts(seed: int, steps: int, groups: int) -> list[list]:
 
 
 class RlinfStepper:
-    """One `rlinf rl` text iteration per call, as text_rl.run does it (torch backend, one process)."""
+    """One `rlinf rl` text iteration per call, as the rl stage runs it (torch engine, one process)."""
 
     def __init__(self, sft: Path, seed: int, a: argparse.Namespace):
         import torch
 
         from rlinf_algos.grpo import GRPO
         from rlinf_cli.policy import load_policy
-        from rlinf_cli.runtime import distributed
+        from rlinf_cli.runtime.engine import make_engine
         from rlinf_cli.stages.common import seed_everything
-        from rlinf_sim_reasoning.tasks import ArithmeticTask
 
         seed_everything(seed)
         self.policy = load_policy(sft)
-        self.task = ArithmeticTask(TASK)
         self.algo = GRPO.from_config({"groups": a.prompts, "group_size": a.group, "epochs": 1, "lr": a.lr,
                                       "minibatch_size": a.prompts * a.group, "max_grad_norm": 1.0})
-        self.engine = distributed.make_engine(self.policy, self.algo.config, {"backend": "torch"})
+        self.engine = make_engine(self.policy, self.algo.optim, {"backend": "torch"})
         self.generator = torch.Generator().manual_seed(seed)
-        self.sampler = torch.Generator().manual_seed(seed * 1_000_003)
-        self.seed, self.it = seed, 0
+        self.collector = _collector(seed)
+        self.collector.start(self.policy, self.algo, 0, 1, {"iteration": 0}, None)
+        self.it = 0
         self.step_s: list[float] = []
         self.gen_s: list[float] = []
         self.tokens: list[int] = []
         self.reward: list[float] = []
 
     def step(self) -> None:
-        from rlinf_cli.runtime import text
-        from rlinf_cli.stages.common import training_seeds
+        from rlinf_cli.runtime.update import update
 
-        c = self.algo.config
-        seeds = lambda r: training_seeds(self.seed, self.it * 64 + r, c.groups)  # noqa: E731 (text_rl's seeds_for)
         t0 = time.perf_counter()
-        kept, seen, stats = text.collect_groups(self.policy, self.task, self.algo, seeds(0), seeds, TASK["max_new_tokens"],
-                                                self.sampler)
-        text.update(self.engine, self.algo, text.to_batch(self.policy, kept, c.group_size), self.generator)
+        exp = self.collector.collect(self.policy, self.algo, self.it)
+        update(self.engine, self.algo, exp, self.collector, self.generator)
         self.step_s.append(time.perf_counter() - t0)
-        self.gen_s.append(stats.seconds)
-        self.tokens.append(stats.generated_tokens)
-        self.reward.append(sum(x.score.reward for x in seen) / len(seen))
+        stats = self.collector.metrics(exp, self.step_s[-1])
+        self.gen_s.append(self.collector._last.seconds)
+        self.tokens.append(int(stats["rollout/generated_tokens"]))
+        self.reward.append(stats["rollout/reward_mean"])
         self.it += 1
 
 

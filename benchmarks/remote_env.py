@@ -91,7 +91,7 @@ def main() -> None:
                    help="runtime.mode on both sides (hybrid: 2 pipeline groups, stepped synchronously here)")
     args = p.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
-    from rlinf_cli.stages.common import make_simulator
+    from rlinf_cli.registry import make_simulator
     from rlinf_sim_remote.sim import RemoteSimulator
 
     print(machine_line())

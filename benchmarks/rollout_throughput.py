@@ -27,7 +27,7 @@ from _common import machine_line, median, table  # noqa: E402
 
 
 def make_sim(task: str) -> Any:
-    from rlinf_cli.stages.common import make_simulator
+    from rlinf_cli.registry import make_simulator
 
     env_id, _, obs = task.partition(":")
     return make_simulator({"name": "gymnasium", "env_id": env_id, "obs": obs or "state"})

@@ -1,12 +1,17 @@
-"""What an algorithm plugin provides, and the helpers they share.
+"""What an algorithm plugin provides: the whole contract between an algorithm and the core.
 
-An RL algorithm is an advantage estimator plus a loss, configured by a frozen dataclass.
-The core owns rollouts, minibatching, the optimizer, checkpoints and logging; algorithms stay
-one readable file each.
+An RL algorithm is an advantage estimator plus a loss, configured by a frozen dataclass derived
+from :class:`TrainConfig`. The core owns collection, minibatching, the optimizer (an engine),
+checkpoints and logging, and it reads an algorithm only through the methods of
+:class:`Algorithm` (never its config fields by name); the defaults of those methods read the
+conventional fields (``rollout_steps``, ``groups``, ``group_size`` and TrainConfig's).
+Algorithms stay one readable file each, and any of them trains any model that implements the
+policy interface, embodied or language (see docs/plugins.md and docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, NamedTuple
 
@@ -14,6 +19,13 @@ import torch
 
 from rlinf_cli import settings
 from rlinf_cli.errors import UserError
+
+#: The kinds of experience an algorithm can learn from:
+#: "steps": fixed-length segments from continuing envs, [T, N] (PPO, A2C);
+#: "episodes": whole episodes in groups that start from one seed or prompt (GRPO, RLOO);
+#: "transitions": single steps sampled from a replay buffer (off-policy algorithms);
+#: "supervised": a dataset of demonstrations (behaviour cloning, SFT).
+ROLLOUT_KINDS = ("steps", "episodes", "transitions", "supervised")
 
 
 @dataclass(frozen=True)
@@ -34,23 +46,27 @@ class TrainConfig:
             raise ValueError("epochs and minibatch_size must be >= 1")
 
 
-# What the core reads from an algorithm's config, besides TrainConfig's fields, per rollout kind.
-ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
-    "steps": ("rollout_steps",),  # steps per env per iteration
-    "episodes": ("groups", "group_size"),  # groups x episodes reset from one seed
-    "supervised": (),
-}
+@dataclass(frozen=True)
+class RolloutSpec:
+    """The shape of the experience an algorithm wants per iteration."""
+
+    kind: str  # one of ROLLOUT_KINDS
+    steps: int = 0  # "steps": steps per env per iteration
+    groups: int = 0  # "episodes": groups per iteration
+    group_size: int = 1  # "episodes": members per group (all from the same seed or prompt)
+
+
+# Config fields the default methods read, per rollout kind (besides TrainConfig's).
+ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {"steps": ("rollout_steps",), "episodes": ("groups", "group_size")}
 
 
 def required_config_keys(rollout: str) -> tuple[str, ...]:
-    """Config fields an algorithm with this rollout kind must have."""
-    import dataclasses
-
+    """Config fields an algorithm relying on the default methods must have."""
     return tuple(f.name for f in dataclasses.fields(TrainConfig)) + ROLLOUT_KEYS.get(rollout, ())
 
 
 class MiniBatch(NamedTuple):
-    """Flattened experience for one gradient step (B = samples, optional T = tokens)."""
+    """Experience for one gradient step (B = samples, optional T = tokens)."""
 
     old_logprob: torch.Tensor  # [B] or [B, T]
     advantages: torch.Tensor  # [B] or [B, T]
@@ -58,17 +74,18 @@ class MiniBatch(NamedTuple):
     old_values: torch.Tensor  # [B]
     mask: torch.Tensor | None = None  # [B, T] valid tokens; None = all valid
     ref_logprob: torch.Tensor | None = None  # [B, T] frozen reference (KL penalty)
+    obs: Any = None  # what ``policy.evaluate`` reads (laid out by the collector)
+    actions: Any = None  # the actions taken (supervised: the demonstrated ones)
 
 
 class Algorithm:
-    """Base class: subclasses set ``Config``, ``name`` and ``rollout`` and override the methods."""
+    """Base class: subclasses set ``Config``, ``name``, ``rollout`` and ``uses_critic`` and
+    override :meth:`advantages` and :meth:`loss` (or :meth:`supervised_loss`)."""
 
     Config: ClassVar[type] = TrainConfig
     name: ClassVar[str] = ""
-    #: "steps": fixed-length rollouts from continuing envs (PPO); "episodes": whole episodes
-    #: in groups reset from a shared seed (GRPO); "supervised": learns from a dataset (BC).
-    rollout: ClassVar[str] = "steps"
-    uses_critic: ClassVar[bool] = True
+    rollout: ClassVar[str] = "steps"  # one of ROLLOUT_KINDS
+    uses_critic: ClassVar[bool] = True  # needs a model with a value head
 
     def __init__(self, config: Any):
         self.config = config
@@ -76,7 +93,12 @@ class Algorithm:
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> "Algorithm":
         config = settings.build(cls.Config, node, "algo")
-        missing = [k for k in required_config_keys(cls.rollout) if not hasattr(config, k)]
+        if cls.rollout not in ROLLOUT_KINDS:
+            raise UserError(f"algorithm '{cls.name or cls.__name__}' declares rollout='{cls.rollout}'; "
+                            f"it must be one of {', '.join(ROLLOUT_KINDS)}")
+        defaults = [k for k in ("rollout_spec", "optim", "epochs", "minibatch_size")
+                    if getattr(cls, k) is getattr(Algorithm, k)]
+        missing = [k for k in required_config_keys(cls.rollout) if not hasattr(config, k)] if defaults else []
         if missing:
             raise UserError(
                 f"algorithm '{cls.name or cls.__name__}': its Config ({cls.Config.__name__}) lacks "
@@ -85,21 +107,69 @@ class Algorithm:
                 f"(with their defaults in its conf/algo/<name>.yaml); see docs/plugins.md")
         return cls(config)
 
-    def advantages(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages, returns)`` for a rollout; see the subclass for shapes."""
+    # -- what the core asks ----------------------------------------------------------------
+    def rollout_spec(self) -> RolloutSpec:
+        """The experience to collect each iteration."""
+        c = self.config
+        if self.rollout == "steps":
+            return RolloutSpec("steps", steps=int(c.rollout_steps))
+        if self.rollout == "episodes":
+            return RolloutSpec("episodes", groups=int(c.groups), group_size=int(c.group_size))
+        return RolloutSpec(self.rollout)
+
+    @property
+    def optim(self) -> Any:
+        """Optimizer settings for the engine (an :class:`~rlinf_cli.runtime.engine.OptimSpec`)."""
+        from rlinf_cli.runtime.engine import OptimSpec
+
+        c = self.config
+        return OptimSpec(float(c.lr), bool(c.anneal_lr), c.max_grad_norm, float(c.weight_decay or 0.0))
+
+    @property
+    def epochs(self) -> int:
+        """Passes over each batch of experience (or over the dataset, for supervised learning)."""
+        return int(self.config.epochs)
+
+    @property
+    def minibatch_size(self) -> int:
+        """Samples per gradient step (text: completions, rounded down to whole groups)."""
+        return int(self.config.minibatch_size)
+
+    def needs_reference(self) -> bool:
+        """True: minibatches carry ``ref_logprob`` from a frozen copy of the starting policy."""
+        return False
+
+    def critic_only(self, iteration: int, from_checkpoint: bool) -> bool:
+        """True: this iteration trains the critic alone (e.g. warming it up under a cloned actor)."""
+        return False
+
+    def refill_rounds(self) -> int:
+        """Group rollouts: extra draws to refill groups :meth:`filter_groups` dropped."""
+        return 0
+
+    def filter_groups(self, returns: torch.Tensor) -> torch.Tensor | None:
+        """Group rollouts: bool mask [num_groups] of groups to keep, from episode returns [N] (None = all)."""
+        return None
+
+    def check(self, spec: Any) -> None:
+        """Refuse an environment this algorithm cannot learn from (raise UserError with one line)."""
+
+    # -- the algorithm ---------------------------------------------------------------------
+    def advantages(self, exp: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, returns)`` [T, N] for an :class:`~rlinf_cli.experience.Experience`."""
         raise NotImplementedError
 
     def loss(self, out: Any, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Scalar loss to minimise and detached diagnostics."""
+        """Scalar loss to minimise and detached diagnostics, from ``policy.evaluate(mb.obs, mb.actions)``."""
+        raise NotImplementedError
+
+    def supervised_loss(self, policy: Any, mb: MiniBatch) -> torch.Tensor:
+        """``rollout = "supervised"``: the loss of a minibatch of demonstrations (mb.obs, mb.actions, mb.mask)."""
         raise NotImplementedError
 
     def stop_early(self, stats: Mapping[str, float]) -> bool:
         """Checked after every epoch with the epoch's mean diagnostics."""
         return False
-
-    def filter_groups(self, returns: torch.Tensor) -> torch.Tensor | None:
-        """For group rollouts: bool mask [num_groups] of groups to keep (None = all)."""
-        return None
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -16,12 +16,21 @@ import numpy as np
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """Shape and dtype of one array (per environment, without the batch dimension)."""
+    """Shape and dtype of one array (per environment, without the batch dimension).
+
+    ``dtype="str"`` with ``shape=()`` is a text entry: one string per env (a task instruction).
+    Batches of it are numpy object arrays; they travel beside the numeric arrays (never through
+    torch), and a model reads them only if it lists the key among its observation keys.
+    """
 
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name: "float32", "uint8", "int64"
     low: float | None = None
     high: float | None = None
+
+    @property
+    def is_text(self) -> bool:
+        return self.dtype == "str"
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": self.dtype, "low": self.low, "high": self.high}

@@ -4,7 +4,8 @@ Layout of a checkpoint directory::
 
     model.safetensors  config.json   the policy (Policy.save_pretrained)
     rlinf.yaml                        resolved config of the run that wrote it
-    optimizer.pt                      optimizer state (loaded with weights_only=True)
+    optimizer.pt                      optimizer state (torch engine; loaded with weights_only=True)
+    deepspeed/                        optimizer shards, one per rank (DeepSpeed engine)
     trainer_state.json                iteration, env steps, recent episodes, MLflow run id
     rng.safetensors                   torch, numpy and Python RNG states, so a resumed run continues exactly
     env_state.safetensors             per rank: each env's seed stream, episode index, running
@@ -30,14 +31,15 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.policy import Policy, read_model_config
 
 STATE_FILE = "trainer_state.json"
-OPTIM_FILE = "optimizer.pt"
 RNG_FILE = "rng.safetensors"
 ENV_FILE = "env_state.safetensors"
 CONFIG_YAML = "rlinf.yaml"
 
 
 def atomic_dir(final: Path) -> Path:
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    """A fresh temporary directory beside ``final`` (the same name for every rank: a DeepSpeed
+    engine writes its shards into it; the run directory's lock keeps other processes out)."""
+    tmp = final.with_name(f".{final.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -58,20 +60,30 @@ def save(
     path: Path,
     policy: Policy,
     cfg_yaml: str,
-    optimizer: torch.optim.Optimizer | None = None,
+    engine: Any = None,
     state: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
     rank_states: list[dict[str, Any]] | None = None,
+    rank: int = 0,
 ) -> Path:
-    """Write a checkpoint atomically. ``rank_states[r]``: arrays rank r needs to continue exactly
-    (its env state, and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``."""
+    """Write a checkpoint atomically (every rank calls it; rank 0 writes all but the engine's
+    shards). ``rank_states[r]``: arrays rank r needs to continue exactly (its collector state,
+    and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``."""
     from safetensors.torch import save_file
 
-    tmp = atomic_dir(path)
+    from rlinf_cli.runtime.engine import barrier
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    if rank == 0:
+        atomic_dir(path)
+    if engine is not None and state is not None:
+        barrier()
+        engine.save(tmp)
+        barrier()
+    if rank != 0:
+        return path
     policy.save_pretrained(tmp)
     (tmp / CONFIG_YAML).write_text(cfg_yaml)
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / OPTIM_FILE)
     if state is not None:
         (tmp / STATE_FILE).write_text(json.dumps(state))
         save_file(rng_state(generator), str(tmp / RNG_FILE))
@@ -133,35 +145,23 @@ def load_rank_state(path: Path, rank: int) -> dict[str, np.ndarray] | None:
     return mine or None
 
 
-def load_training_state(path: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator | None) -> dict[str, Any]:
-    """Restore optimizer and RNG from a checkpoint written by :func:`save`; returns the progress dict."""
+def load_training_state(path: Path, engine: Any, generator: torch.Generator | None) -> dict[str, Any]:
+    """Restore the engine's optimizer and the RNGs from a checkpoint written by :func:`save`;
+    returns the progress dict."""
     from safetensors.torch import load_file
 
     read_model_config(path)
-    missing = [f for f in (STATE_FILE, OPTIM_FILE, RNG_FILE) if not (path / f).is_file()]
+    missing = [f for f in (STATE_FILE, RNG_FILE) if not (path / f).is_file()]
     if missing:
         raise UserError(f"'{path}' cannot be resumed: it lacks {', '.join(missing)} (only rl training checkpoints resume)")
+    engine.load(path)
     try:
-        optimizer.load_state_dict(torch.load(path / OPTIM_FILE, weights_only=True, map_location="cpu"))
         state = json.loads((path / STATE_FILE).read_text())
         rng = load_file(str(path / RNG_FILE))
     except Exception as exc:  # any damage to these files means the same thing to the user
         raise UserError(f"cannot resume from '{path}': {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
     set_rng_state(rng, generator)
     return state
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """The resolved config saved beside a checkpoint (``{}`` if there is none)."""
-    from omegaconf import OmegaConf
-
-    f = Path(path) / CONFIG_YAML
-    if not f.is_file():
-        return {}
-    try:
-        return OmegaConf.to_container(OmegaConf.load(f), resolve=True)  # type: ignore[return-value]
-    except Exception as exc:
-        raise UserError(f"'{f}' is not valid YAML ({exc}); the checkpoint is damaged") from exc
 
 
 def prune(directory: Path, keep: int, prefix: str = "iter_") -> None:

@@ -60,6 +60,9 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
             assert isinstance(info, dict), "reset must return (obs, info)"
             assert set(obs) == set(spec.observation), f"obs keys {sorted(obs)} != spec {sorted(spec.observation)}"
             for k, s in spec.observation.items():
+                if s.is_text:
+                    assert isinstance(obs[k], str), f"obs['{k}'] is a text entry: expected a str, got {type(obs[k]).__name__}"
+                    continue
                 a = np.asarray(obs[k])
                 assert a.shape == tuple(s.shape), f"obs['{k}'] shape {a.shape} != spec {s.shape}"
                 assert a.dtype == np.dtype(s.dtype), f"obs['{k}'] dtype {a.dtype} != spec {s.dtype}"

@@ -174,7 +174,7 @@ def check_sim(ctx: typer.Context) -> None:
     from rich.table import Table
 
     from rlinf_cli.checks import check_simulator, check_text_task
-    from rlinf_cli.stages.common import make_simulator
+    from rlinf_cli.registry import make_simulator
 
     cfg = _compose("serve", list(ctx.args))  # the sim group alone: no executor or accelerator plugin needed (a served env)
     sim = make_simulator(cfg.sim)

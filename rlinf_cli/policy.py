@@ -193,5 +193,6 @@ def _action_str(spec: EnvSpec) -> str:
     return f"{spec.num_actions} discrete actions" if spec.discrete else f"continuous actions of shape {tuple(spec.action.shape)}"
 
 
-def obs_to_torch(obs: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(v, device=device) for k, v in obs.items()}
+def obs_to_torch(obs: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Numeric entries as tensors on ``device``; text entries (object arrays of strings) stay as they are."""
+    return {k: v if getattr(v, "dtype", None) == object else torch.as_tensor(v, device=device) for k, v in obs.items()}

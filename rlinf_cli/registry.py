@@ -139,8 +139,6 @@ class Registry:
                 dirs.append(spec.conf_dir)
         return dirs
 
-    def plugin_versions(self) -> dict[str, str]:
-        return {s.package: s.version for s in self.all_specs()}
 
 
 def unknown_name_message(kind: str, name: str, installed: list[str], broken: list[BrokenPlugin] = ()) -> str:
@@ -217,7 +215,10 @@ def get_registry() -> Registry:
         raise UserError(f"plugin registry: {exc}") from exc
 
 
-def reset_registry() -> None:
-    """Forget the cached registry (tests install and uninstall plugins)."""
-    get_registry.cache_clear()
-    importlib.invalidate_caches()
+def make_simulator(node: Any) -> Any:
+    """Build the simulator a ``sim`` config node names (torch-free: the env server uses it too)."""
+    from rlinf_cli.settings import plain
+
+    data = dict(plain(node))
+    return get_registry().load("simulator", data["name"])(data)
+

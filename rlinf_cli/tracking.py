@@ -193,11 +193,6 @@ class Tracker:
         if self.client is not None and Path(path).exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        if self.client is not None:
-            for k, v in tags.items():
-                self.client.set_tag(self.run_id, k, str(v))
-
     def close(self, status: str = "FINISHED") -> None:
         self.metrics_file.close()
         if self.client is not None:

@@ -10,7 +10,7 @@ from rlinf_algos.ppo import PPO, gae
 from rlinf_cli.algorithm import MiniBatch, clipped_surrogate, masked_mean
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy import EvalOutput
-from rlinf_cli.runtime.rollout import Rollout
+from rlinf_cli.experience import Experience
 
 
 def _rollout(T=6, N=3, seed=0):
@@ -18,11 +18,11 @@ def _rollout(T=6, N=3, seed=0):
     z = lambda: torch.zeros(T, N)  # noqa: E731
     dones = (torch.rand(T, N, generator=g) < 0.3).float()
     trunc = torch.rand(T, N, generator=g) * dones * (torch.rand(T, N, generator=g) < 0.5).float()
-    return Rollout({"state": z()}, z(), z(), torch.randn(T, N, generator=g), torch.randn(T, N, generator=g),
-                   dones, trunc, torch.ones(T, N), torch.randn(N, generator=g))
+    return Experience({"state": z()}, z(), z(), torch.randn(T, N, generator=g), torch.randn(T, N, generator=g),
+                      dones, trunc, torch.ones(T, N), torch.randn(N, generator=g))
 
 
-def _gae_loop(r: Rollout, gamma: float, lam: float) -> torch.Tensor:
+def _gae_loop(r: Experience, gamma: float, lam: float) -> torch.Tensor:
     T, N = r.rewards.shape
     adv = torch.zeros(T, N)
     for n in range(N):

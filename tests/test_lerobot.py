@@ -104,10 +104,11 @@ def test_a_dataset_from_another_tool_maps_features_onto_keys(both, cli, workdir)
     _, root = both
     (root / "meta/rlinf.json").unlink()  # what a dataset recorded elsewhere looks like to rlinf
     data = lerobot.load(root)
-    assert set(data.spec.observation) == {"state", "rgb", "proprio"}  # one task: no task id
+    assert set(data.spec.observation) == {"state", "rgb", "proprio", "instruction"}  # one task: no task id
+    assert data.spec.observation["instruction"].is_text and data.obs["instruction"][0] == "reach the goal position"
     assert data.spec.action.shape == (4,) and data.spec.has_success
     mapped = lerobot.load(root, {"cam": "observation.images.rgb"})
-    assert set(mapped.spec.observation) == {"state", "cam", "proprio"}
+    assert set(mapped.spec.observation) == {"state", "cam", "proprio", "instruction"}
     res = cli("sft", *QUIET, "dataset=lerobot", "lerobot.features={rgb:observation.images.top}", "algo.epochs=1")
     assert res.code == 2
     assert "no feature 'observation.images.top'" in res.err and "observation.images.rgb" in res.err  # lists the features

@@ -134,4 +134,4 @@ def test_pipeline_command_runs_the_whole_loop(cli, workdir):
     for step in ("collect", "sft", "rl"):
         assert (root / step / "result.json").is_file()
     assert (root / "rl" / "checkpoints" / "final" / "model.safetensors").is_file()
-    assert "rlinf pipeline: metaworld reach-v3" in res.out
+    assert "rlinf pipeline: metaworld/reach-v3" in res.out

@@ -13,7 +13,7 @@ from rlinf_cli.api import TASK_KEY, EnvSpec  # noqa: E402
 from rlinf_cli.errors import UserError  # noqa: E402
 from rlinf_cli.runtime.rollout import run_episodes  # noqa: E402
 from rlinf_cli.runtime.vector import SyncVecEnv  # noqa: E402
-from rlinf_cli.stages import common  # noqa: E402
+from rlinf_cli.collectors import embodied as common  # noqa: E402
 
 
 def make(**cfg):
@@ -53,6 +53,9 @@ def test_spec_step_and_truncation():
     obs, info = env.reset(seed=3)
     assert set(obs) == set(spec.observation) and info["task"] == "push-v3"
     for key, s in spec.observation.items():
+        if s.is_text:  # the task's instruction
+            assert isinstance(obs[key], str) and obs[key]
+            continue
         assert obs[key].shape == s.shape and obs[key].dtype == np.dtype(s.dtype)
     for t in range(7):
         obs, reward, term, trunc, info = env.step(np.zeros(4, dtype=np.float32))

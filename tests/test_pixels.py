@@ -12,7 +12,7 @@ from rlinf_cli.errors import UserError
 
 
 def _sim(**kw):
-    from rlinf_cli.stages.common import make_simulator
+    from rlinf_cli.registry import make_simulator
 
     return make_simulator({"name": "gymnasium", **kw})
 
@@ -88,7 +88,7 @@ def test_renders_after_mujoco_was_imported_without_a_gl_choice() -> None:
 
     code = (
         "import mujoco\n"
-        "from rlinf_cli.stages.common import make_simulator\n"
+        "from rlinf_cli.registry import make_simulator\n"
         "from rlinf_cli.runtime.vector import SyncVecEnv\n"
         "sim = make_simulator({'name': 'gymnasium', 'env_id': 'InvertedPendulum-v5', 'obs': 'rgb', 'image_size': 24})\n"
         "env = SyncVecEnv(sim, range(1))\n"

@@ -1,6 +1,6 @@
 """Embodied RL on the training engines: DeepSpeed ZeRO in one process, and torchrun ranks.
 
-The engines themselves live in ``rlinf_cli.runtime.distributed`` (the LLM work's module); these
+The engines themselves live in ``rlinf_cli.runtime.engine`` (shared by every stage); these
 tests check the embodied `rlinf rl` path drives them: learning, checkpoints, rank bookkeeping.
 """
 
@@ -70,3 +70,18 @@ def test_torchrun_two_ranks_share_the_work(workdir, backend: str) -> None:
     result = json.loads(Path("tr/result.json").read_text())
     assert result["env_steps"] >= 40960 and result["eval"]["return_mean"] >= 150  # CartPole learned
     assert not list(Path(".").glob("rlinf_runs")), "rank 1 wrote a run directory"
+
+
+@pytest.mark.slow
+def test_deepspeed_runs_resume_exactly(cli_proc, workdir) -> None:
+    """ZeRO's optimizer state is saved with each checkpoint (DeepSpeed's own shards) and restored."""
+    args = ["total_steps=4096", "num_envs=4", "eval.episodes=2", "progress=false", "tracking.enabled=false",
+            "train.backend=deepspeed", "train.zero_stage=2", "checkpoint.interval=1", "checkpoint.keep=10"]
+    r = cli_proc("rl", *args, "run_dir=a")
+    assert r.code == 0, r.err
+    assert (workdir / "a/checkpoints/iter_000002/deepspeed/state").is_dir()
+    r = cli_proc("rl", f"resume={workdir / 'a/checkpoints/iter_000002'}", "run_dir=b")
+    assert r.code == 0, r.err
+    timing = lambda k: k.startswith("time/") or k.endswith("_s")  # noqa: E731
+    rows = [[{k: v for k, v in row.items() if not timing(k)} for row in _metrics(d)] for d in ("a", "b")]
+    assert rows[1] == rows[0][2:]  # the resumed run continues exactly

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_cli.runtime.text import sample_completions, to_batch  # noqa: E402
+from rlinf_cli.collectors.text import sample_completions, to_experience  # noqa: E402
 from rlinf_sim_reasoning.tools import CalculatorTask  # noqa: E402
 
 
@@ -57,8 +57,8 @@ def test_tool_call_episode():
         assert c.loss_mask[start:start + len(result)] == [0] * len(result)
         assert all(m == 1 for m in c.loss_mask[:start]) and c.loss_mask[-1] == 1
         assert c.logprobs[start] == 0.0 and c.logprobs[0] == -0.5
-    batch = to_batch(ScriptedPolicy(), comps, 2)
-    assert batch.ids.shape[0] == 4 and batch.loss_mask.sum() < batch.attn.sum()
+    exp = to_experience(ScriptedPolicy(), comps, 2, (1, 4))
+    assert exp.actions["ids"].shape[0] == 4 and exp.token_mask.sum() < exp.actions["attn"].sum()
 
 
 def test_tool_use_with_a_language_model():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_cli.runtime.trainer import LeanAdam
+from rlinf_cli.runtime.optim import LeanAdam
 
 
 def _pair() -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -48,10 +48,14 @@ def test_parameters_that_sat_out_steps_keep_their_own_adam_step() -> None:
 def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
     # A pixel policy's CNN encoder is shared by actor and critic: a warm-up on the value loss
     # alone must not move it (it once turned a 100% cloned pixel policy into 0%).
+    from types import SimpleNamespace
+
     from rlinf_algos.ppo import PPO
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.runtime.rollout import Rollout
-    from rlinf_cli.runtime.trainer import update
+    from rlinf_cli.collectors.embodied import EmbodiedCollector
+    from rlinf_cli.experience import Experience
+    from rlinf_cli.runtime.engine import make_engine
+    from rlinf_cli.runtime.update import update
     from rlinf_model_mlp.model import MLPPolicy
 
     spec = EnvSpec({"rgb": ArraySpec((16, 16, 3), "uint8", 0, 255), "state": ArraySpec((3,), "float32")},
@@ -65,11 +69,13 @@ def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
            "state": torch.randn(T, N, 3, generator=g)}
     with torch.no_grad():
         out = policy.act({k: v.reshape(T * N, *v.shape[2:]) for k, v in obs.items()})
-    ro = Rollout(obs, out.action.reshape(T, N, 2), out.logprob.reshape(T, N), out.value.reshape(T, N),
-                 torch.randn(T, N, generator=g), torch.zeros(T, N), torch.zeros(T, N), torch.ones(T, N), torch.zeros(N))
+    exp = Experience(obs, out.action.reshape(T, N, 2), out.logprob.reshape(T, N), out.value.reshape(T, N),
+                     torch.randn(T, N, generator=g), torch.zeros(T, N), torch.zeros(T, N), torch.ones(T, N), torch.zeros(N))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     algo = PPO.from_config({"name": "ppo", "epochs": 2, "minibatch_size": 16})
-    update(policy, LeanAdam(policy.parameters(), lr=1e-2), algo, ro, torch.Generator().manual_seed(1), train_actor=False)
+    collector = EmbodiedCollector(SimpleNamespace(), SimpleNamespace(device="cpu"))
+    engine = make_engine(policy, algo.optim, {"backend": "torch"})
+    update(engine, algo, exp, collector, torch.Generator().manual_seed(1), critic_only=True)
     after = policy.state_dict()
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(k.startswith("critic.") for k in moved), moved

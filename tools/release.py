@@ -56,6 +56,11 @@ class Package:
     is_core: bool = False  # the repository root: `rlinf_cli`, on which every plugin depends
 
     @property
+    def is_library(self) -> bool:
+        """A library plugins share (``[tool.rlinf] library = true``), not a plugin itself."""
+        return bool(self.pyproject.get("tool", {}).get("rlinf", {}).get("library"))
+
+    @property
     def artifact_stem(self) -> str:
         """``rlinf_sim_metaworld-0.1.0``: how wheel and sdist file names start."""
         return f"{normalize(self.name).replace('-', '_')}-{self.version}"
@@ -204,6 +209,8 @@ def check_metadata(pkg: Package, meta: email.message.Message, eps: str, core_pkg
     reqs = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
     if any(normalize(r.name) == "rlinf" for r in reqs):
         problems.append(f"{where}: depends on 'rlinf', which on the index is another project; depend on {core_pkg.name!r}")
+    if pkg.is_library:  # a helper library plugins share: no entry point, needs no core
+        return problems
     on_core = [r for r in reqs if normalize(r.name) == normalize(core_pkg.name) and not r.marker]
     if not on_core:
         problems.append(f"{where}: no dependency on the core {core_pkg.name!r}")

@@ -2,7 +2,7 @@
 
 Readable without rlinf (``pandas.read_parquet(chunk)``). One row per step:
 
-    episode (int64)  step (int32)  obs.<key> (fixed-size list, flattened)  action
+    episode (int64)  step (int32)  obs.<key> (fixed-size list, flattened; text entries: string)  action
     reward (float32)  terminated (bool)  truncated (bool)  success (bool)
 
 ``meta.json`` holds the schema version, observation/action spec, provenance of every collect
@@ -125,6 +125,7 @@ class DatasetWriter:
             self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
                          "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
         self.provenance = dict(provenance)
+        self.meta_path = self.path / META
         self.added = 0  # episodes this writer put on disk
         self.next_seed: int | None = None
 
@@ -231,7 +232,8 @@ def episodes_to_table(episodes: list[Episode], spec: EnvSpec, first_episode: int
         "step": pa.array(np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])),
     }
     for key, s in spec.observation.items():
-        cols[f"obs.{key}"] = _fixed_list(np.concatenate([e.obs[key] for e in episodes]), s.dtype)
+        values = np.concatenate([e.obs[key] for e in episodes])
+        cols[f"obs.{key}"] = pa.array([str(v) for v in values], pa.string()) if s.is_text else _fixed_list(values, s.dtype)
     actions = np.concatenate([e.actions for e in episodes])
     cols["action"] = pa.array(actions.astype(np.int64)) if spec.discrete else _fixed_list(actions, "float32")
     cols["reward"] = pa.array(np.concatenate([e.rewards for e in episodes]).astype(np.float32))
@@ -305,6 +307,9 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
     n = table.num_rows
     obs = {}
     for key, s in spec.observation.items():
+        if s.is_text:
+            obs[key] = np.array(table.column(f"obs.{key}").to_pylist(), dtype=object)
+            continue
         obs[key] = _column(table, f"obs.{key}").reshape(n, *s.shape).astype(s.dtype)  # a writable copy
     if spec.discrete:
         actions = table.column("action").to_numpy().astype(np.int64)

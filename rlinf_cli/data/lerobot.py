@@ -145,6 +145,7 @@ class LeRobotWriter:
                  fps: int, robot_type: str | None = None, episodes_per_file: int = 50, codec: str = "libx264",
                  crf: int = 18, gop: int | None = 2):
         self.path = Path(path)
+        self.meta_path = self.path / INFO
         self.spec = spec
         self.tasks = list(tasks)
         self.fps = int(fps)
@@ -210,6 +211,8 @@ class LeRobotWriter:
             if is_image(s):
                 feats[name] = {"dtype": "video", "shape": list(s.shape), "names": ["height", "width", "channels"],
                                "info": None}  # filled from the first encoded file
+            elif s.is_text:  # an instruction per frame (LeRobot's tasks hold it too)
+                feats[name] = {"dtype": "string", "shape": [1], "names": None}
             else:
                 feats[name] = {"dtype": s.dtype, "shape": list(s.shape) or [1], "names": None}
         a = self.spec.action
@@ -292,6 +295,9 @@ class LeRobotWriter:
                 written.append(rel)
                 video_meta[name] = info
                 self.stats.add(name, values, (0, 1, 2))
+                continue
+            if s.is_text:
+                cols[name] = pa.array([str(v) for v in values], pa.string())
                 continue
             cols[name] = _column(values, s.dtype)
             self.stats.add(name, values.reshape(n, -1), (0,))
@@ -450,6 +456,9 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
         elif ft["dtype"] == "image":
             obs[key] = _image_column(table.column(feature))
             obs_spec[key] = ArraySpec(tuple(obs[key].shape[1:]), "uint8", 0, 255)
+        elif ft["dtype"] == "string":  # a text entry (an instruction)
+            obs[key] = np.array(table.column(feature).to_pylist(), dtype=object)
+            obs_spec[key] = ArraySpec((), "str")
         else:
             shape = tuple(int(x) for x in ft["shape"])
             arr = _numpy(table, feature).reshape(n, *shape)
@@ -592,8 +601,7 @@ def writer_for(cfg: Any, sim: Any, provenance: dict[str, Any]) -> LeRobotWriter:
     instructions (or task names), the frame rate its control rate unless ``lerobot.fps`` is set."""
     opts = cfg.get("lerobot") or {}
     spec = sim.spec
-    tasks = list(getattr(sim, "instructions", None) or spec.tasks or [str(cfg.sim.get("task") or cfg.sim.get("env_id")
-                                                                              or cfg.sim.name)])
+    tasks = list(getattr(sim, "instructions", None) or spec.tasks or [str(getattr(sim, "label", None) or cfg.sim.name)])
     fps = opts.get("fps") or getattr(sim, "fps", None) or 30
     return LeRobotWriter(cfg.output, spec, provenance, tasks=tasks, fps=int(fps), robot_type=str(cfg.sim.name),
                          episodes_per_file=int(cfg.chunk_episodes), codec=str(opts.get("codec", "libx264")),

@@ -439,11 +439,11 @@ def _cores() -> int:
 
 def make_served_simulator(node: Any) -> tuple[Simulator, str]:
     """The simulator a ``serve`` config names, and a label for logs and clients (``sim=maniskill task=PushCube-v1``)."""
-    from rlinf_cli.registry import get_registry
+    from rlinf_cli.registry import make_simulator
     from rlinf_cli.settings import plain
 
     data = dict(plain(node))
-    sim = get_registry().load("simulator", data["name"])(data)
+    sim = make_simulator(data)
     if getattr(sim, "modality", None) == "text":
         raise UserError(f"'{data['name']}' is a text task: only embodied simulators are served (text tasks need no env server)")
     keys = [k for k in ("task", "env_id", "tasks", "benchmark", "obs") if data.get(k) not in (None, "", [])]

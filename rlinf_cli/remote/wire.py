@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_cli.runtime.codec import Packed
+from rlinf_cli.runtime.codec import TEXT_DTYPE, Packed
 from rlinf_cli.runtime.workers import Reply
 
 PROTOCOL = 1
@@ -36,7 +36,7 @@ TOKEN_ENV = "RLINF_ENV_TOKEN"  # environment variable read by server and client 
 HTTP2_OPTIONS = [("grpc.http2.lookahead_bytes", 16 << 20), ("grpc.http2.max_frame_size", (1 << 24) - 1),
                  ("grpc.http2.bdp_probe", 0)]
 
-_ND, _PACKED, _REPLY, _TUPLE = 1, 2, 3, 4
+_ND, _PACKED, _REPLY, _TUPLE, _TEXT = 1, 2, 3, 4, 5
 MAX_DIMS = 8
 
 
@@ -50,13 +50,18 @@ def _array_bytes(a: np.ndarray) -> memoryview:
 
 def _default(x: Any) -> Any:
     if isinstance(x, np.ndarray):
+        if x.dtype == object:  # text entries: the strings themselves (msgpack str), never pickle
+            values = x.ravel().tolist()
+            if not all(isinstance(v, str) for v in values):
+                raise TypeError("object arrays cross the wire only as text entries (strings)")
+            return _ext(_TEXT, [list(x.shape), values])
         if x.dtype.kind not in "biuf":
             raise TypeError(f"arrays of dtype {x.dtype} cannot cross the wire")
         return _ext(_ND, [x.dtype.str, list(x.shape), _array_bytes(x)])
     if isinstance(x, Reply):
         return _ext(_REPLY, list(x))
     if isinstance(x, Packed):
-        return _ext(_PACKED, [list(x.shape), x.dtype, bool(x.delta), x.data])
+        return _ext(_PACKED, [list(x.shape), x.dtype, bool(x.delta), x.data, int(x.nbytes)])
     if isinstance(x, tuple):
         return _ext(_TUPLE, list(x))
     if isinstance(x, np.generic):
@@ -106,10 +111,22 @@ def _ext_hook(code: int, data: bytes) -> Any:
             raise WireError(f"array of shape {shape} and dtype {dt} does not match its {len(value[2])} bytes")
         return np.frombuffer(value[2], dtype=dt).reshape(shape)
     if code == _PACKED:
-        if not (isinstance(value, list) and len(value) == 4 and isinstance(value[3], (bytes, np.ndarray))):
+        if not (isinstance(value, list) and len(value) == 5 and isinstance(value[3], (bytes, np.ndarray))
+                and type(value[4]) is int and 0 <= value[4] < 2**31):
             raise WireError("bad packed observation record")
-        _dtype(value[1])
-        return Packed(_shape(value[0]), value[1], bool(value[2]), value[3])
+        if value[1] != TEXT_DTYPE:
+            _dtype(value[1])
+        return Packed(_shape(value[0]), value[1], bool(value[2]), value[3], value[4])
+    if code == _TEXT:
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)
+                and all(isinstance(v, str) for v in value[1])):
+            raise WireError("bad text record")
+        shape = _shape(value[0])
+        if int(np.prod(shape, dtype=np.int64)) != len(value[1]):
+            raise WireError("text record does not match its shape")
+        out = np.empty(len(value[1]), dtype=object)
+        out[:] = value[1]
+        return out.reshape(shape)
     if code == _REPLY:
         if not (isinstance(value, list) and len(value) == len(Reply._fields)):
             raise WireError("bad reply record")

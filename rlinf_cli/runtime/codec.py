@@ -13,6 +13,7 @@ delta buys nothing there.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -39,9 +40,13 @@ class Packed(NamedTuple):
     """One encoded observation array."""
 
     shape: tuple[int, ...]
-    dtype: str
+    dtype: str  # numpy dtype string, or TEXT_DTYPE
     delta: bool  # data is XOR against the stream's previous frame
     data: Any  # bytes (compressed) or np.ndarray (codec none)
+    nbytes: int = 0  # text entries: length of the UTF-8 JSON before compression
+
+
+TEXT_DTYPE = "str"  # text entries (numpy object arrays of strings) travel as UTF-8 JSON: no pickle
 
 
 class _Compressor:
@@ -81,6 +86,12 @@ class ObsEncoder:
         raw = sent = 0
         out: dict[str, Packed] = {}
         for key, arr in obs.items():
+            if arr.dtype == object:  # text entries
+                text = json.dumps(arr.tolist()).encode()
+                data = self._comp.compress(np.frombuffer(text, np.uint8)) if self._comp is not None else text
+                raw, sent = raw + len(text), sent + len(data)
+                out[key] = Packed(tuple(arr.shape), TEXT_DTYPE, False, data, len(text))
+                continue
             raw += arr.nbytes
             use_delta = self.cfg.delta and arr.dtype == np.uint8 and not keyframe and key in self._prev \
                 and self._prev[key].shape == arr.shape
@@ -126,6 +137,14 @@ class ObsDecoder:
         t0 = time.perf_counter()
         result: dict[str, np.ndarray] = {}
         for key, p in packed.items():
+            if p.dtype == TEXT_DTYPE:
+                data = self._comp.decompress(p.data, p.nbytes) if self._comp is not None else p.data
+                arr = np.empty(p.shape, dtype=object)
+                arr[...] = np.array(json.loads(bytes(data)), dtype=object).reshape(p.shape)
+                if out is not None:
+                    out[key][...] = arr
+                result[key] = out[key] if out is not None else arr
+                continue
             dtype = np.dtype(p.dtype)
             if self._comp is not None:
                 nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize

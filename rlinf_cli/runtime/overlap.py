@@ -8,8 +8,8 @@ In exchange, a rollout costs no wall time as long as it is shorter than the upda
 2-core machine nearly halves a PPO iteration. Resuming such a run continues it, but not
 bit-identically (the in-flight rollout is not checkpointed).
 
-The rollout process rebuilds the policy from the model plugin (``policy.config`` and its env
-spec) and receives weights through shared-memory tensors, so nothing model-specific is pickled.
+The rollout process rebuilds the policy from its class (``policy.config`` and its env spec) and
+receives weights through shared-memory tensors, so no weights are pickled.
 """
 
 from __future__ import annotations
@@ -20,26 +20,26 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rlinf_cli.runtime.rollout import Rollout
+from rlinf_cli.experience import Experience
 
 
-def _rollout_main(conn: Any, sim_bytes: bytes, model_cfg: dict, spec: dict, weights: dict[str, torch.Tensor],
-                  num_envs: int, seed: int, executor: dict | None) -> None:
+def _rollout_main(conn: Any, sim_bytes: bytes, policy_cls: type, model_cfg: dict, spec: dict,
+                  weights: dict[str, torch.Tensor], num_envs: int, seed: int, executor: tuple[type, dict] | None) -> None:
     torch.set_num_threads(1)
     try:
         from rlinf_cli.api import EnvSpec
-        from rlinf_cli.registry import get_registry
         from rlinf_cli.runtime.rollout import Runner
 
         torch.manual_seed(seed)
         simulator = pickle.loads(sim_bytes)
-        policy = get_registry().load("model", model_cfg["name"])(model_cfg, EnvSpec.from_dict(spec))
+        policy = policy_cls(model_cfg, EnvSpec.from_dict(spec))  # the driver's class: no second plugin lookup
         policy.eval()
         from rlinf_cli.runtime.placement import runtime_config
         from rlinf_cli.runtime.workers import hosted_vec_env
 
         if executor is not None:
-            env = get_registry().load("executor", executor["name"])(executor).make_vec_env(simulator, num_envs, True)
+            executor_cls, executor_cfg = executor  # the driver's executor class and settings
+            env = executor_cls(executor_cfg).make_vec_env(simulator, num_envs, True)
         elif (hosted := hosted_vec_env(simulator, runtime_config(None), num_envs, True, "overlapped rollouts")) is not None:
             env = hosted  # sim=remote: sessions on its servers, not one remote env per instance
         else:
@@ -78,7 +78,7 @@ class OverlappedRunner:
 
     def __init__(self, simulator: Any, policy: Any, num_envs: int, seed: int,
                  seeds_at: Callable[[int], Sequence[int] | None], start_iteration: int = 0,
-                 executor: dict | None = None, start_method: str = "forkserver"):
+                 executor: tuple[type, dict] | None = None, start_method: str = "forkserver"):
         import torch.multiprocessing as tmp
 
         self.policy = policy
@@ -90,7 +90,8 @@ class OverlappedRunner:
         self.conn, child = ctx.Pipe(duplex=True)
         # not a daemon: its executor may start env workers of its own
         self.proc = ctx.Process(target=_rollout_main, daemon=False, name="rlinf-rollout", args=(
-            child, pickle.dumps(simulator), dict(policy.config), policy.env_spec.to_dict(), self.weights, num_envs,
+            child, pickle.dumps(simulator), type(policy), dict(policy.config), policy.env_spec.to_dict(), self.weights,
+            num_envs,
             seed, executor))
         self.proc.start()
         child.close()
@@ -117,7 +118,7 @@ class OverlappedRunner:
         self.conn.send(("collect", num_steps, None if seeds is None else list(seeds)))
         self._pending = True
 
-    def collect_steps(self, num_steps: int) -> Rollout:
+    def collect_steps(self, num_steps: int) -> Experience:
         if not self._pending:
             self._request(num_steps)
         rollout = self._reply()

@@ -39,10 +39,10 @@ class _Nd(tuple):
 
 
 def _out(x: Any) -> Any:
-    if type(x) is np.ndarray:
-        return _Nd((x.tobytes(), x.dtype.str, x.shape))
+    if type(x) is np.ndarray:  # text entries (object arrays of str) pickle as they are
+        return x if x.dtype == object else _Nd((x.tobytes(), x.dtype.str, x.shape))
     if type(x) is Packed:
-        return Packed(x.shape, x.dtype, x.delta, _out(x.data))
+        return x._replace(data=_out(x.data))
     if type(x) is dict:
         return {k: _out(v) for k, v in x.items()}
     if type(x) in (tuple, list, Reply):
@@ -55,7 +55,7 @@ def _in(x: Any) -> Any:
         data, dtype, shape = x
         return np.frombuffer(data, dtype=dtype).reshape(shape)
     if type(x) is Packed:
-        return Packed(x.shape, x.dtype, x.delta, _in(x.data))
+        return x._replace(data=_in(x.data))
     if type(x) is dict:
         return {k: _in(v) for k, v in x.items()}
     if type(x) in (tuple, list, Reply):

@@ -4,6 +4,7 @@ Two shapes of experience:
 
 - :meth:`Runner.collect_steps`: T steps from continuing, auto-resetting envs (PPO). Truncated
   episodes are bootstrapped with the value of their final observation.
+Both come out as an :class:`~rlinf_cli.experience.Experience`.
 - :func:`run_episodes`: one whole episode per env from given seeds, envs not auto-reset
   (GRPO groups, evaluation, dataset collection). A recorder sees every step.
 """
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from rlinf_cli.api import TASK_KEY, EnvSpec, Obs, StepBatch, VecEnv
+from rlinf_cli.experience import Experience
 from rlinf_cli.policy import Policy, obs_to_torch
 
 
@@ -28,25 +30,6 @@ class EpisodeStats:
     success_at_end: bool  # the task was solved at the episode's last step
     seed: int | None = None
     task: int | None = None  # multi-task simulators: index into EnvSpec.tasks (from the obs key "task_id")
-
-
-@dataclass
-class Rollout:
-    """Experience laid out [T, N] (time, env)."""
-
-    obs: dict[str, torch.Tensor]  # [T, N, ...]
-    actions: torch.Tensor  # [T, N, *action_shape]
-    logprobs: torch.Tensor  # [T, N]
-    values: torch.Tensor  # [T, N]
-    rewards: torch.Tensor  # [T, N]
-    dones: torch.Tensor  # [T, N] 1.0 where an episode ended at this step
-    trunc_values: torch.Tensor  # [T, N] V(final obs) where the episode was truncated, else 0
-    mask: torch.Tensor  # [T, N] 1.0 for steps inside an episode
-    last_value: torch.Tensor  # [N] V(obs after the last step), for bootstrapping
-    episode_returns: torch.Tensor | None = None  # [N] episodes mode: return of each env's episode
-    episodes: list[EpisodeStats] = field(default_factory=list)  # episodes that ended in this rollout
-    env_steps: int = 0
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 def env_action(spec: EnvSpec, action: torch.Tensor) -> np.ndarray:
@@ -172,7 +155,7 @@ class Runner:
                 self._actions[i] = []  # too long to replay; state() marks it
 
     @torch.no_grad()
-    def collect_steps(self, num_steps: int) -> Rollout:
+    def collect_steps(self, num_steps: int) -> Experience:
         """``num_steps`` steps of every env, laid out [T, N].
 
         When the env exposes pipeline groups (``runtime.mode=hybrid``), each group is stepped
@@ -194,8 +177,9 @@ class Runner:
         steps = float(num_steps)
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
             stats[key + "_per_step"] = stats[key] / steps
-        return Rollout(buf.obs, buf.actions, buf.logprobs, buf.values, buf.rewards, buf.dones, buf.trunc_values,
-                       torch.ones((num_steps, n), device=dev), last_value, None, buf.episodes, num_steps * n, stats)
+        return Experience(buf.obs, buf.actions, buf.logprobs, buf.values, buf.rewards, buf.dones, buf.trunc_values,
+                          torch.ones((num_steps, n), device=dev), last_value, episodes=buf.episodes,
+                          env_steps=num_steps * n, stats=stats)
 
     def _act(self, buf: "_StepBuffers", t: int, obs: Obs, lo: int, hi: int) -> np.ndarray:
         o = obs_to_torch(obs, self.device)
@@ -207,7 +191,7 @@ class Runner:
                 buf.np[name][t, lo:hi] = v.numpy()
         else:
             for k, v in o.items():
-                buf.obs[k][t, lo:hi] = v
+                buf.obs[k][t, lo:hi] = v  # text entries are numpy object arrays on every device
             buf.actions[t, lo:hi] = out.action
             buf.logprobs[t, lo:hi] = out.logprob
             buf.values[t, lo:hi] = out.value
@@ -256,7 +240,8 @@ class _StepBuffers:
     """Preallocated [T, N] tensors a rollout is written into."""
 
     def __init__(self, spec: EnvSpec, num_steps: int, n: int, dev: torch.device):
-        self.obs = {k: torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
+        self.obs = {k: np.full((num_steps, n), "", dtype=object) if s.is_text else
+                    torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
                     for k, s in spec.observation.items()}
         act_dtype = torch.int64 if spec.discrete else torch.float32
         self.actions = torch.zeros((num_steps, n, *spec.action.shape), dtype=act_dtype, device=dev)
@@ -267,7 +252,8 @@ class _StepBuffers:
         # numpy views of the CPU buffers (they share memory with the tensors)
         self.np: dict[str, Any] | None = None
         if dev.type == "cpu":
-            self.np = {"obs": {k: v.numpy() for k, v in self.obs.items()}, "actions": self.actions.numpy(),
+            self.np = {"obs": {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in self.obs.items()},
+                       "actions": self.actions.numpy(),
                        "logprobs": self.logprobs.numpy(), "values": self.values.numpy(),
                        "rewards": self.rewards.numpy(), "dones": self.dones.numpy()}
 
@@ -329,10 +315,10 @@ def policy_actor(policy: Policy, spec: EnvSpec, device: torch.device | str, dete
 
 
 class EpisodeRecorder:
-    """Stores policy tensors for :func:`run_episodes`, to build a masked [T, N] Rollout (GRPO)."""
+    """Stores policy tensors for :func:`run_episodes`, to build a masked [T, N] Experience (GRPO)."""
 
     def __init__(self) -> None:
-        self.obs: list[dict[str, torch.Tensor]] = []
+        self.obs: list[dict[str, Any]] = []
         self.actions: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -342,7 +328,7 @@ class EpisodeRecorder:
         self.stats: dict[str, float] = {}
 
     def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
-        self.obs.append({k: torch.from_numpy(v) for k, v in obs.items()})
+        self.obs.append({k: v.copy() if v.dtype == object else torch.from_numpy(v) for k, v in obs.items()})
         self.actions.append(out.action)
         self.logprobs.append(out.logprob)
         self.values.append(out.value)
@@ -352,14 +338,16 @@ class EpisodeRecorder:
         for k, v in sb.stats.items():
             self.stats[k] = self.stats.get(k, 0.0) + v
 
-    def to_rollout(self, episodes: list[EpisodeStats], device: torch.device | str = "cpu") -> Rollout:
+    def to_experience(self, episodes: list[EpisodeStats], group_size: int = 1,
+                      device: torch.device | str = "cpu") -> Experience:
         dev = torch.device(device)
         keys = self.obs[0].keys()
-        obs = {k: torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
+        obs = {k: np.stack([o[k] for o in self.obs]) if isinstance(self.obs[0][k], np.ndarray)
+               else torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
         rewards = torch.from_numpy(np.stack(self.rewards)).to(dev)
         mask = torch.from_numpy(np.stack(self.mask)).to(dev)
         values = torch.stack(self.values).to(dev)
-        return Rollout(
+        return Experience(
             obs=obs,
             actions=torch.stack(self.actions).to(dev),
             logprobs=torch.stack(self.logprobs).to(dev),
@@ -370,6 +358,7 @@ class EpisodeRecorder:
             mask=mask,
             last_value=torch.zeros(rewards.shape[1], device=dev),
             episode_returns=torch.tensor([e.ret for e in episodes], dtype=torch.float32, device=dev),
+            group_size=group_size,
             episodes=episodes,
             env_steps=int(mask.sum().item()),
             stats=dict(self.stats),

@@ -39,7 +39,9 @@ class ReplayError(UserError):
 
 
 def alloc_obs(spec: EnvSpec, n: int) -> Obs:
-    return {k: np.zeros((n, *s.shape), dtype=s.dtype) for k, s in spec.observation.items()}
+    """Arrays [n, ...] for a batch of observations (text entries: an object array of strings)."""
+    return {k: np.full((n, *s.shape), "", dtype=object) if s.is_text else np.zeros((n, *s.shape), dtype=s.dtype)
+            for k, s in spec.observation.items()}
 
 
 def write_obs(dst: Obs, i: int, obs: Obs) -> None:

@@ -136,6 +136,8 @@ class SharedObs:
 
         layout, offset = [], 0
         for key, s in spec.observation.items():
+            if s.is_text:  # strings cannot live in shared memory: they travel with the reply
+                continue
             nbytes = int(np.prod((num_envs, *s.shape), dtype=np.int64)) * np.dtype(s.dtype).itemsize
             layout.append((key, (num_envs, *s.shape), s.dtype, offset))
             offset += (nbytes + 63) // 64 * 64
@@ -181,10 +183,15 @@ class EnvWorker:
         if self.shm is not None:
             lo, hi = self.shards[i]
             nbytes = 0
-            for key, arr in obs.items():
-                self.shm.arrays[key][lo:hi] = arr
-                nbytes += arr.nbytes
-            return None, {"transport/obs_bytes_raw": float(nbytes), "transport/obs_bytes": float(nbytes)}
+            for key, arr in self.shm.arrays.items():
+                arr[lo:hi] = obs[key]
+                nbytes += obs[key].nbytes
+            stats = {"transport/obs_bytes_raw": float(nbytes), "transport/obs_bytes": float(nbytes)}
+            text = {k: v for k, v in obs.items() if k not in self.shm.arrays}
+            if not text:
+                return None, stats
+            packed, more = self.encoders[i].encode(text, keyframe)
+            return packed, {k: stats.get(k, 0.0) + v for k, v in more.items()}
         return self.encoders[i].encode(obs, keyframe)
 
     def reset(self, i: int, seeds: Sequence[int | None]) -> Reply:
@@ -378,12 +385,14 @@ class WorkerVecEnv:
     # -- internals -------------------------------------------------------------------------
     def _store_obs(self, sid: int, reply: Reply) -> None:
         s = self.shards[sid]
-        if reply.obs is None:  # in shared memory (a fabricated reply has obs={}: already stored)
-            if self.shm is not None:
-                for k, v in self.shm.arrays.items():
-                    self._obs[k][s.lo:s.hi] = v[s.lo:s.hi]
+        # numeric entries come through shared memory (reply.obs: None, or the text entries); a
+        # fabricated reply (obs={}) stands for a lost step whose observations are already stored
+        if self.shm is not None and (reply.obs is None or reply.obs):
+            for k, v in self.shm.arrays.items():
+                self._obs[k][s.lo:s.hi] = v[s.lo:s.hi]
+        if not reply.obs:  # all in shared memory (a fabricated reply has obs={}: already stored)
             return
-        _, dt = self._decoders[sid].decode(reply.obs, {k: v[s.lo:s.hi] for k, v in self._obs.items()})
+        _, dt = self._decoders[sid].decode(reply.obs, {k: v[s.lo:s.hi] for k, v in self._obs.items() if k in reply.obs})
         reply.stats["transport/decode_s"] = reply.stats.get("transport/decode_s", 0.0) + dt
 
     def _drain(self) -> None:

@@ -1,4 +1,4 @@
-"""Plumbing every stage shares: run directories, seeding, plugin construction, evaluation."""
+"""Plumbing every stage shares: run directories, seeding, accelerators, checkpoints, results."""
 
 from __future__ import annotations
 
@@ -6,15 +6,12 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from rlinf_cli.api import EnvSpec, Executor, Obs, Simulator
 from rlinf_cli.errors import UserError
 from rlinf_cli.registry import get_registry
-from rlinf_cli.settings import plain
-from rlinf_cli.runtime.rollout import EpisodeStats, Recorder, run_episodes
 
 
 @dataclass
@@ -134,7 +131,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunContext:
+def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None, accel: Any = None) -> RunContext:
     """Seed, set threads, pick the device and the run directory (created by ``ctx.open()``)."""
     import torch
     from rich.console import Console
@@ -143,7 +140,7 @@ def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None) -> RunC
 
     torch.set_num_threads(int(cfg.train.threads))
     seed_everything(int(cfg.seed))
-    accel = select_accelerator(cfg.accelerator.name)
+    accel = accel or select_accelerator(cfg.accelerator.name)
     console = Console(quiet=False)
     log = Console(stderr=True, quiet=bool(cfg.quiet))
     path = run_dir or make_run_dir(cfg, stage, label)
@@ -159,43 +156,11 @@ def select_accelerator(name: str) -> Any:
             accel = spec.load()()
             if accel.is_available():
                 return accel
-        raise UserError("no accelerator is available (not even the built-in cpu): reinstall rlinf")
+        raise UserError("no accelerator plugin is available; install rlinf-accelerators")
     accel = reg.load("accelerator", name)()
     if not accel.is_available():
         raise UserError(f"accelerator '{name}' is not usable here: {accel.describe()}. Use accelerator=auto or accelerator=cpu")
     return accel
-
-
-def make_simulator(node: Any) -> Simulator:
-    data = dict(plain(node))
-    return get_registry().load("simulator", data["name"])(data)
-
-
-def make_executor(node: Any, runtime: dict[str, Any] | None = None) -> Executor:
-    """Build the executor; ``runtime`` (from :func:`runtime_options`) goes in as its ``runtime`` entry."""
-    data = dict(plain(node))
-    if runtime is not None:
-        data["runtime"] = dict(runtime)
-    return get_registry().load("executor", data["name"])(data)
-
-
-def runtime_options(cfg: Any, act: Callable | None = None, spec: EnvSpec | None = None,
-                    num_envs: int | None = None) -> dict[str, Any]:
-    """The ``runtime`` and ``env`` transport settings as one dict for the executor.
-
-    With ``runtime.mode=auto`` and a policy ``act`` function, the policy's inference time on a
-    batch of ``num_envs`` is measured here (``infer_s``); the executor probes the simulator.
-    """
-    out: dict[str, Any] = dict(plain(cfg.runtime)) if cfg.get("runtime") is not None else {}
-    env = cfg.get("env")
-    if env is not None:
-        out.update({"obs_compression": env.get("obs_compression", "none"), "obs_delta": bool(env.get("obs_delta", False)),
-                    "compression_level": int(env.get("compression_level", 1))})
-    if out.get("mode") == "auto" and act is not None and spec is not None and num_envs:
-        from rlinf_cli.runtime.placement import time_inference
-
-        out["infer_s"] = time_inference(act, spec, int(num_envs))
-    return out
 
 
 def plugin_tags(cfg: Any) -> dict[str, str]:
@@ -212,140 +177,6 @@ def plugin_tags(cfg: Any) -> dict[str, str]:
         spec = reg.get(kind, node.get("name"))
         tags[f"plugin.{group}"] = f"{spec.name} ({spec.package} {spec.version})"
     return tags
-
-
-def training_seeds(seed: int, key: int, n: int) -> list[int]:
-    """Env seeds for training segment ``key``: a deterministic hash, kept below the eval range."""
-    state = np.random.SeedSequence([int(seed), int(key)]).generate_state(n)
-    return [int(s) % 1_000_000 for s in state]
-
-
-# -- actors (policy -> env actions) ----------------------------------------------------------
-def random_actor(spec: EnvSpec, rng: np.random.Generator) -> Callable[[Obs], tuple[None, np.ndarray]]:
-    def act(obs: Obs) -> tuple[None, np.ndarray]:
-        n = next(iter(obs.values())).shape[0]
-        if spec.discrete:
-            return None, rng.integers(0, spec.num_actions, size=n)
-        low = spec.action.low if spec.action.low is not None else -1.0
-        high = spec.action.high if spec.action.high is not None else 1.0
-        return None, rng.uniform(low, high, size=(n, *spec.action.shape)).astype(np.float32)
-
-    return act
-
-
-def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray]]:
-    expert = simulator.expert()
-    if expert is None:
-        raise UserError("this simulator has no scripted expert; use policy=random or a checkpoint directory")
-
-    def act(obs: Obs) -> tuple[None, np.ndarray]:
-        n = next(iter(obs.values())).shape[0]
-        return None, np.stack([expert({k: v[i] for k, v in obs.items()}, i) for i in range(n)])
-
-    return act
-
-
-def checkpoint_actor(path: str, spec: EnvSpec, device: Any, deterministic: bool) -> tuple[Any, Callable]:
-    from rlinf_cli.policy import check_compatible, load_policy
-    from rlinf_cli.runtime.rollout import policy_actor
-
-    policy = load_policy(path, device)
-    check_compatible(policy, spec, f"checkpoint '{path}'")
-    policy.eval()
-    return policy, policy_actor(policy, spec, device, deterministic)
-
-
-def make_actor(policy: str, simulator: Simulator, device: Any, deterministic: bool, seed: int) -> Callable:
-    if policy == "random":
-        return random_actor(simulator.spec, np.random.default_rng(seed))
-    if policy == "expert":
-        return expert_actor(simulator)
-    return checkpoint_actor(policy, simulator.spec, device, deterministic)[1]
-
-
-# -- evaluation --------------------------------------------------------------------------------
-def evaluate(
-    act: Callable,
-    simulator: Simulator,
-    executor: Executor,
-    episodes: int,
-    seed: int,
-    num_envs: int,
-    recorder_factory: Callable[[], Recorder] | None = None,
-    on_batch: Callable[[list[EpisodeStats]], None] | None = None,
-) -> list[EpisodeStats]:
-    """Episodes ``seed, seed+1, ...`` in batches of ``num_envs``; returns them in seed order."""
-    if episodes < 1:
-        return []
-    n = max(1, min(num_envs, episodes))
-    env = executor.make_vec_env(simulator, n, autoreset=False)
-    results: list[EpisodeStats] = []
-    try:
-        for start_ in range(0, episodes, n):
-            seeds = [seed + start_ + i for i in range(n)]
-            batch = run_episodes(env, act, seeds, recorder_factory() if recorder_factory else None)
-            batch = batch[: episodes - start_]
-            results.extend(batch)
-            if on_batch is not None:
-                on_batch(batch)
-    finally:
-        env.close()
-    return results
-
-
-def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dict[str, float]:
-    """Mean/std return, success rates (only where the simulator reports success), mean length."""
-    if not episodes:
-        return {}
-    rets = np.array([e.ret for e in episodes])
-    out = {"episodes": float(len(episodes)), "return_mean": float(rets.mean()), "return_std": float(rets.std())}
-    if has_success:
-        out["success_once"] = float(np.mean([e.success_once for e in episodes]))
-        out["success_at_end"] = float(np.mean([e.success_at_end for e in episodes]))
-    out["length_mean"] = float(np.mean([e.length for e in episodes]))
-    return out
-
-
-def summarize_by_task(episodes: Sequence[EpisodeStats], tasks: Sequence[str],
-                      has_success: bool = True) -> dict[str, dict[str, float]]:
-    """Task name -> :func:`summarize` of its episodes, for simulators with several tasks."""
-    out = {}
-    for index, name in enumerate(tasks):
-        mine = [e for e in episodes if e.task == index]
-        if mine:
-            out[name] = summarize(mine, has_success)
-    return out
-
-
-def task_mean(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Each number averaged over tasks (every task weighs the same, whatever its episode count)."""
-    if not per_task:
-        return {}
-    keys = set.intersection(*(set(s) for s in per_task.values()))
-    out = {k: float(np.mean([s[k] for s in per_task.values()])) for k in sorted(keys)}
-    out["episodes"] = float(sum(s["episodes"] for s in per_task.values()))
-    out["tasks"] = float(len(per_task))
-    return out
-
-
-def pct(summary: dict[str, float], key: str) -> str:
-    return f"{summary[key]:.0%}" if key in summary else "n/a"
-
-
-def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
-    """A rich table: one row per policy/label with the summary numbers."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in ("policy", "episodes", "return (mean ± std)", "success_once", "success_at_end", "length"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
-    for label, s in rows.items():
-        if not s:
-            table.add_row(label, "-", "-", "-", "-", "-")
-            continue
-        table.add_row(label, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
-                      pct(s, "success_once"), pct(s, "success_at_end"), f"{s['length_mean']:.1f}")
-    return table
 
 
 def table_text(table: Any) -> str:
@@ -380,3 +211,42 @@ def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: A
         if png is not None:
             tracker.log_artifact(png)
     return out
+
+
+def load_algorithm(cfg: Any, stage: str) -> Any:
+    """The configured algorithm, checked to fit the stage (``sft`` learns from demonstrations)."""
+    algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
+    if stage == "sft" and algo.rollout != "supervised":
+        raise UserError(f"algorithm '{cfg.algo.name}' is an RL algorithm: `rlinf sft` needs a supervised one (algo=bc)")
+    if stage == "rl" and algo.rollout == "supervised":
+        raise UserError(f"algorithm '{cfg.algo.name}' learns from a dataset: use `rlinf sft`, not `rlinf rl`")
+    return algo
+
+
+def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, state: dict[str, Any] | None = None,
+                    generator: Any = None, collector: Any = None, rank: int = 0) -> Path:
+    """A resumable checkpoint: every rank hands in its collector state and RNGs (rank 0 writes
+    them), and the engine its optimizer state; the policy's weights come whole from rank 0."""
+    from rlinf_cli import checkpoint as ckpt
+    from rlinf_cli.runtime.engine import gather_to_first
+
+    mine: dict[str, Any] = dict(collector.state()) if collector is not None and state is not None else {}
+    if rank > 0 and state is not None:
+        mine.update({f"rng.{k}": v for k, v in ckpt.rng_state(generator).items()})
+    states = gather_to_first(mine) if state is not None else []
+    return ckpt.save(path, policy, cfg_yaml, engine, state, generator, states if any(states) else None, rank)
+
+
+def resume(path: Path, engine: Any, generator: Any, rank: int) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
+    """Load a checkpoint's progress, optimizer and RNGs; returns (progress state, this rank's saved
+    collector arrays or None)."""
+    import torch
+
+    from rlinf_cli import checkpoint as ckpt
+
+    state = ckpt.load_training_state(path, engine, generator)
+    saved = ckpt.load_rank_state(path, rank)
+    if saved is not None and rank > 0:  # its own RNG streams (rank 0's are in rng.safetensors)
+        ckpt.set_rng_state({k[4:]: torch.from_numpy(v) for k, v in saved.items() if k.startswith("rng.")}, generator)
+    return state, saved
+

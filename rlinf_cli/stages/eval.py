@@ -1,4 +1,5 @@
-"""`rlinf eval`: return / success rate of a checkpoint (or random / expert) on fixed seeds."""
+"""`rlinf eval`: how good a checkpoint (or random / expert) is on held-out seeds, for any simulator
+or text task: a table, JSON on stdout and in ``result.json``, and MLflow."""
 
 from __future__ import annotations
 
@@ -11,71 +12,53 @@ from rlinf_cli.stages import common
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    from rlinf_cli.stages import text_common
-
-    if text_common.sim_modality(cfg.sim) == "text":
-        from rlinf_cli.stages import text_eval
-
-        return text_eval.run_eval(cfg)
+    from rlinf_cli import collectors
     from rlinf_cli.config import flatten
+    from rlinf_cli.progress import Progress
 
     from rlinf_cli import model_registry
-    from rlinf_cli.stages import videos
 
     source = str(cfg.checkpoint)
     model_registry.check_options(cfg, source)
-    sim = common.make_simulator(cfg.sim)
-    n_video = int(cfg.get("video", 0) or 0)
-    if n_video:
-        videos.video_source(sim, int(cfg.video_size))  # a simulator that cannot render fails before any episode
     label = Path(source).name if source not in ("random", "expert") else source
     ctx = common.start(cfg, "eval", f"{cfg.sim.name}-{label}")
-    act = common.make_actor(source, sim, ctx.device, bool(cfg.deterministic), int(cfg.seed))
-    executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, int(cfg.num_envs)))
-    from rlinf_cli.progress import Progress
-
-    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source}) as tracker, \
-            Progress(ctx.log, "eval", int(cfg.episodes), "episodes", enabled=bool(cfg.progress)) as progress:
+    collector = collectors.make(cfg, ctx)
+    video = int(cfg.get("video", 0) or 0)
+    collector.check_video(video, int(cfg.get("video_size", 256)))  # cannot render: say so before any episode
+    policy = source if source in ("random", "expert") else collector.policy(source)
+    n, text = int(cfg.episodes), cfg.get("text") or {}
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
+                         "rlinf.modality": collector.modality}) as tracker, \
+            Progress(ctx.log, "eval", n, "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
-        episodes, video_files = videos.evaluate_with_video(
-            act, sim, executor, int(cfg.episodes), int(cfg.seed), int(cfg.num_envs), n_video, ctx.run_dir / "videos",
-            int(cfg.get("video_size", 256)), on_batch=lambda b: progress.update(len(b)))
+        ev = collector.evaluate(policy, n, int(cfg.seed), bool(cfg.deterministic), label=label,
+                                on_batch=progress.update, pass_k=int(text.get("pass_k", 0)),
+                                batch=int(text.get("batch", 64)), examples=int(text.get("examples", 8)),
+                                video=video, video_dir=ctx.run_dir / "videos", video_size=int(cfg.get("video_size", 256)))
         progress.close()
-        for f in video_files:
-            tracker.log_artifact(f, "videos")
-        summary = common.summarize(episodes, sim.spec.has_success)
-        metrics = {f"eval/{k}": v for k, v in summary.items()}
-        rows = {label: summary}
-        extra: dict[str, Any] = {}
-        if len(sim.spec.tasks) > 1:  # multi-task: one row per task, then the mean over tasks
-            per_task = common.summarize_by_task(episodes, sim.spec.tasks, sim.spec.has_success)
-            mean = common.task_mean(per_task)
-            extra = {"per_task": per_task, "task_mean": mean}
-            rows = {f"{label} · {task}": s for task, s in per_task.items()}
-            rows[f"{label} · mean over {len(per_task)} tasks"] = mean
-            metrics.update({f"eval/task/{task}/{k}": v for task, s in per_task.items() for k, v in s.items()})
-            metrics.update({f"eval/task_mean/{k}": v for k, v in mean.items()})
-            if int(cfg.episodes) % len(sim.spec.tasks):
-                ctx.note(f"note: {cfg.episodes} episodes over {len(sim.spec.tasks)} tasks: tasks got unequal episode counts")
-        tracker.log_metrics(metrics, 0)
-        result = {"stage": "eval", "checkpoint": source, "run_dir": str(ctx.run_dir), "seconds": round(time.time() - ctx.started, 2),
-                  "eval": summary, **extra, "per_episode": [e.__dict__ for e in episodes], "mlflow_run_id": tracker.run_id}
-        if video_files:
-            result["videos"] = [str(f) for f in video_files]
-        table = common.eval_table(rows, f"rlinf eval: {cfg.sim.name} (seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1})")
-        if (cfg.get("register") or {}).get("name"):
-            result["registry"] = model_registry.register(tracker, source, extra.get("task_mean") or summary, cfg,
+        for f in ev.extra.get("videos", []):
+            tracker.log_artifact(Path(f), "videos")
+        tracker.log_metrics(ev.metrics, 0)
+        result = {"stage": "eval", "modality": collector.modality, "checkpoint": source, "run_dir": str(ctx.run_dir),
+                  "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary, **ev.extra,
+                  "mlflow_run_id": tracker.run_id}
+        table = collector.table(ev.rows, f"rlinf eval: {collector.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})")
+        if (cfg.get("register") or {}).get("name"):  # opt-in: the MLflow model registry
+            result["registry"] = model_registry.register(tracker, source, ev.extra.get("task_mean") or ev.summary, cfg,
                                                          common.table_text(table))
         common.write_result(ctx, tracker, result, table)
         if cfg.output:
             Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg.output).write_text(json.dumps(result, indent=2))
         ctx.console.print(table)
-        for f in video_files:
+        if ev.examples is not None:
+            ctx.console.print(ev.examples)
+        for f in ev.extra.get("videos", []):
             ctx.note(f"video: {f}")
         if "registry" in result:
             r = result["registry"]
             ctx.note(f"MLflow model registry: {r['name']} version {r['version']}" if r["registered"]
                      else f"not registered as {r['name']}: {r['reason']}")
-        ctx.console.print_json(json.dumps({"checkpoint": source, **summary, **({"per_task": extra["per_task"]} if extra else {})}))
+        ctx.console.print_json(json.dumps({"checkpoint": source, **ev.summary,
+                                           **({"per_task": ev.extra["per_task"]} if "per_task" in ev.extra else {})}))
     return result

@@ -48,27 +48,53 @@ def route(args: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def run(args: list[str]) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.table import Table
-
-    from rlinf_cli.config import compose, inherited_overrides
+def _check(routed: dict[str, list[str]]) -> Any:
+    """Every step's settings are checked before the first one runs (placeholders stand for the
+    inputs that earlier steps produce); returns the composed collect config."""
+    from rlinf_cli.collectors import modality
+    from rlinf_cli.config import compose
     from rlinf_cli.validate import validate
-    from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
 
-    routed = route(args)
     probe = compose("collect", routed["collect"] + ["output=unused"])
-    from rlinf_cli.stages.text_common import sim_modality
-
-    if sim_modality(probe.sim) == "text":
+    if modality(probe.sim) == "text":
         raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{probe.sim.name}' run "
                         "collect, sft, rl and eval (see docs/llm.md)")
-    # every step's settings are checked before the first one runs (placeholders for the inputs
-    # that earlier steps produce)
     placeholders = {"collect": ["output=unused"], "sft": ["dataset=unused"], "eval": ["checkpoint=random"]}
     for step in STEPS:
         name = _STAGE_OF[step]
         validate(name, compose(name, routed[step] + placeholders.get(name, [])))
+    return probe
+
+
+def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[str, float]) -> Any:
+    from rich.table import Table
+
+    from rlinf_cli.collectors.embodied import pct
+
+    table = Table(title=title)
+    for col in ("policy", "return (mean ± std)", "success_once", "success_at_end", "length", "stage time"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    stage_time = {"random": None, "expert": timings.get("expert"), "sft": timings["collect"] + timings["sft"],
+                  "sft + rl": timings["rl"]}
+    for label, s in summaries.items():
+        t = stage_time[label]
+        table.add_row(label, f"{s['return_mean']:.1f} ± {s['return_std']:.1f}", pct(s, "success_once"),
+                      pct(s, "success_at_end"), f"{s['length_mean']:.0f}", "-" if t is None else f"{t:.0f} s")
+    return table
+
+
+def run(args: list[str]) -> dict[str, Any]:
+    import json
+
+    from rich.console import Console
+
+    from rlinf_cli.registry import make_simulator
+    from rlinf_cli.config import compose, inherited_overrides
+    from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
+    from rlinf_cli.validate import validate
+
+    routed = route(args)
+    probe = _check(routed)
     root = common.create_unique(Path(probe.runs_dir) / "pipeline" / time.strftime("%Y%m%d-%H%M%S"))
     console = Console()
     results: dict[str, dict[str, Any]] = {}
@@ -81,12 +107,11 @@ def run(args: list[str]) -> dict[str, Any]:
         validate(name, cfg)
         console.rule(f"[bold]{step}")
         t0 = time.time()
-        module = {"rl": rl, "collect": collect, "sft": sft, "eval": eval_stage}[name]
-        results[step] = module.run(cfg)
+        results[step] = {"rl": rl, "collect": collect, "sft": sft, "eval": eval_stage}[name].run(cfg)
         timings[step] = time.time() - t0
         return results[step]
 
-    sim = common.make_simulator(probe.sim)
+    sim = make_simulator(probe.sim)
     if sim.expert() is not None:
         source = "expert"
         timings["expert"] = 0.0
@@ -96,29 +121,16 @@ def run(args: list[str]) -> dict[str, Any]:
     stage("collect", [f"policy={source}", f"output={data}"])
     sft_ckpt = stage("sft", [f"dataset={data}"])["checkpoint"]
     rl_ckpt = stage("rl", [f"init={sft_ckpt}"])["checkpoint"]
-    rows = {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}
-    summaries = {}
-    for label, ckpt in rows.items():
-        summaries[label] = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])["eval"]
-        results[f"eval:{label}"] = results["eval"]
+    summaries, videos = {}, {}
+    for label, ckpt in {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}.items():
+        result = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])
+        summaries[label], videos[label] = result["eval"], result.get("videos", [])
         timings[f"eval:{label}"] = timings.pop("eval")
-
-    table = Table(title=f"rlinf pipeline: {probe.sim.name} {probe.sim.get('env_id') or probe.sim.get('task') or ''}".strip())
-    for col in ("policy", "return (mean ± std)", "success_once", "success_at_end", "length", "stage time"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    stage_time = {"random": None, "expert": timings.get("expert"), "sft": timings["collect"] + timings["sft"], "sft + rl": timings["rl"]}
-    for label, s in summaries.items():
-        t = stage_time[label]
-        table.add_row(label, f"{s['return_mean']:.1f} ± {s['return_std']:.1f}", common.pct(s, "success_once"),
-                      common.pct(s, "success_at_end"), f"{s['length_mean']:.0f}", "-" if t is None else f"{t:.0f} s")
     console.rule("[bold]summary")
-    console.print(table)
-    videos = {label: results[f"eval:{label}"].get("videos", []) for label in rows}
+    console.print(_summary(f"rlinf pipeline: {getattr(sim, 'label', None) or probe.sim.name}", summaries, timings))
     for label, files in videos.items():  # eval.video=N
         for f in files:
             console.print(f"video ({label}): {f}")
     console.print(f"pipeline directory: {root}  (MLflow: rlinf ui)")
-    import json
-
     (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings, "videos": videos}, indent=2))
     return {"eval": summaries, "seconds": timings, "dir": str(root), "videos": videos}

@@ -1,4 +1,11 @@
-"""`rlinf sft`: behaviour cloning of a model on a dataset written by `rlinf collect`."""
+"""`rlinf sft`: supervised fine-tuning / behaviour cloning, the same loop for every dataset.
+
+An rlinf dataset (observation, action steps) clones a policy; a JSONL file of prompt/completion
+pairs fine-tunes a language model. Either way: epochs of shuffled minibatches scored by the
+algorithm's ``supervised_loss``, the best checkpoint kept on held-out data, and, when the dataset
+says which simulator or task made it, an evaluation there (the checkpoint remembers it, so
+`rl init=` and `eval` reuse it).
+"""
 
 from __future__ import annotations
 
@@ -6,140 +13,106 @@ import math
 import time
 from typing import Any
 
-import numpy as np
-
-from rlinf_cli.errors import UserError
 from rlinf_cli.stages import common
 
 
-def split_episodes(episode_ids: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row masks (train, val), holding out whole episodes so validation sees unseen trajectories."""
-    unique = np.unique(episode_ids)
-    rng = np.random.default_rng(seed)
-    n_val = int(math.ceil(val_fraction * len(unique))) if len(unique) >= 2 and val_fraction > 0 else 0
-    val_eps = rng.permutation(unique)[:n_val]
-    val = np.isin(episode_ids, val_eps)
-    return ~val, val
+def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
+    from omegaconf import OmegaConf
+
+    from rlinf_cli import collectors
+    from rlinf_cli.runtime.engine import make_engine, setup_ranks
+
+    text, sim_node, sim_choice = collectors.dataset_source(cfg.dataset)  # a missing dataset is the first error
+    algo = common.load_algorithm(cfg, "sft")
+    OmegaConf.set_struct(cfg, False)
+    if sim_node:  # the checkpoint remembers the dataset's simulator, so `rl init=` and `eval` can use it
+        cfg.sim = sim_node
+        cfg.choices.sim = sim_choice
+    accel = common.select_accelerator(cfg.accelerator.name)
+    rank, _ = setup_ranks(cfg, accel)
+    ctx = common.start(cfg, "sft", f"{(sim_node or {}).get('name', 'dataset')}-{cfg.model.name}", accel=accel)
+    collector = collectors.make(cfg, ctx, sim_node, text=text)
+    data = collector.dataset(str(cfg.dataset), float(cfg.val_fraction), int(cfg.seed))
+    algo.check(data.spec)
+    policy = collector.policy(cfg.init, cfg.model, data.spec, check=False)  # the dataset checks it
+    data.prepare(policy, ctx.note)
+    engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
+    return ctx, algo, collector, data, policy, engine, rank
+
+
+def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tracker: Any, progress: Any,
+          rank: int) -> tuple[float, int]:
+    """Epochs until ``algo.epochs`` or ``patience``; returns (best validation loss, its epoch)."""
+    from rlinf_cli.config import to_yaml
+
+    cfg_yaml, ckpt_dir = to_yaml(cfg), ctx.run_dir / "checkpoints"
+    total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
+    patience = getattr(algo.config, "patience", None)
+    best, bad_epochs, step, t0 = (math.inf, -1), 0, 0, time.perf_counter()
+    for epoch in range(algo.epochs):
+        policy.train()
+        total, count = 0.0, 0
+        for mb in data.minibatches(algo.minibatch_size):
+            engine.schedule(step / total_steps)
+            loss = algo.supervised_loss(policy, mb)
+            engine.backward(loss)
+            engine.step()
+            total, count, step = total + float(loss.detach()), count + 1, step + 1
+            progress.update(1, f"loss {total / count:.4f}")
+        policy.eval()
+        metrics = {"train/loss": total / max(count, 1), "epoch": float(epoch + 1),
+                   **data.metrics(time.perf_counter() - t0)}
+        val = data.val_loss(policy, algo)
+        if val is not None:
+            metrics["val/loss"] = val
+        score = metrics.get("val/loss", metrics["train/loss"])
+        if score < best[0]:
+            best, bad_epochs = (score, epoch + 1), 0
+            with engine.full_parameters():
+                common.save_checkpoint(ckpt_dir / "best", policy, cfg_yaml, rank=rank)
+        else:
+            bad_epochs += 1
+        tracker.log_metrics(metrics, epoch + 1)
+        if patience is not None and bad_epochs >= patience:
+            ctx.note(f"early stop: no better validation loss for {patience} epochs")
+            break
+    progress.close()
+    with engine.full_parameters():
+        common.save_checkpoint(ckpt_dir / "last", policy, cfg_yaml, rank=rank)
+    return best
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    from rlinf_cli.stages import text_common
-
-    if text_common.is_text_dataset(cfg.dataset):  # a JSONL of prompt/completion pairs: language models
-        from rlinf_cli.stages import text_sft
-
-        return text_sft.run(cfg)
-    import torch
-
-    from rlinf_cli import checkpoint as ckpt
-    from rlinf_cli.config import flatten, to_yaml
-    from rlinf_cli.data import dataset as ds
-    from rlinf_cli.policy import check_compatible, load_policy, obs_to_torch
-    from rlinf_cli.registry import get_registry
-    from rlinf_cli.runtime.trainer import make_optimizer, set_lr
-    from omegaconf import OmegaConf
-
-    from rlinf_cli.data import lerobot
-
-    if lerobot.is_lerobot_dataset(cfg.dataset):  # a LeRobot v3.0 directory: features mapped onto observation keys
-        data = lerobot.load(cfg.dataset, dict(cfg.get("lerobot", {}).get("features") or {}))
-    else:
-        data = ds.load(cfg.dataset)
-    algo = get_registry().load("algorithm", cfg.algo.name).from_config(cfg.algo)
-    if algo.rollout != "supervised":
-        raise UserError(f"algorithm '{cfg.algo.name}' is an RL algorithm: `rlinf sft` needs a supervised one (algo=bc)")
-    if getattr(algo.config, "loss", "") == "mse" and data.spec.discrete:
-        raise UserError("algo.loss=mse needs continuous actions; this dataset has discrete actions: use algo.loss=nll")
-    provenance = data.meta["provenance"][-1] if data.meta.get("provenance") else {}
-    sim_node = provenance.get("sim")
-    # the checkpoint remembers the dataset's simulator, so `rl init=` and `eval` can use it
-    OmegaConf.set_struct(cfg, False)
-    if sim_node:
-        cfg.sim = sim_node
-        cfg.choices.sim = provenance.get("sim_choice", sim_node.get("name"))
-    ctx = common.start(cfg, "sft", f"{(sim_node or {}).get('name', 'dataset')}-{cfg.model.name}")
-    if cfg.init:
-        policy = load_policy(cfg.init, ctx.device)
-        if data.meta.get("format") == "lerobot":
-            lerobot.check_keys(policy.observation_keys, data, cfg.dataset)
-        check_compatible(policy, data.spec, f"checkpoint '{cfg.init}'")
-    else:
-        policy = get_registry().load("model", cfg.model.name)(cfg.model, data.spec).to(ctx.device)
-    c = algo.config
-    train_rows, val_rows = split_episodes(data.episode, float(cfg.val_fraction), int(cfg.seed))
-    obs = obs_to_torch(data.obs, ctx.device)
-    actions = torch.as_tensor(data.actions, device=ctx.device)
-    train_idx = torch.from_numpy(np.flatnonzero(train_rows))
-    val_idx = torch.from_numpy(np.flatnonzero(val_rows))
-    optimizer = make_optimizer(policy, c)
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-    cfg_yaml = to_yaml(cfg)
-    best = (math.inf, -1)
-    bad_epochs = 0
-    mb = min(c.minibatch_size, len(train_idx))
-
-    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
-        return algo.supervised_loss(policy, {k: v[idx] for k, v in obs.items()}, actions[idx])
-
+    from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
+    from rlinf_cli.runtime.engine import shutdown
 
-    with ctx.track(cfg, common.plugin_tags(cfg)) as tracker, \
-            Progress(ctx.log, f"sft {cfg.model.name}", c.epochs, "epochs", enabled=bool(cfg.progress)) as progress:
-        ckpt_dir = ctx.run_dir / "checkpoints"
+    ctx, algo, collector, data, policy, engine, rank = setup(cfg)
+    total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": collector.modality}) as tracker, \
+            Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
-        for meta_file in (ds.META, lerobot.INFO):
-            tracker.log_artifact(data.path / meta_file, "dataset")
-        for epoch in range(c.epochs):
-            if c.anneal_lr:
-                set_lr(optimizer, c.lr * (1 - epoch / c.epochs))
-            policy.train()
-            perm = train_idx[torch.randperm(len(train_idx), generator=generator)]
-            total, count = 0.0, 0
-            for start in range(0, len(perm), mb):
-                loss = batch_loss(perm[start:start + mb])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if c.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), c.max_grad_norm)
-                optimizer.step()
-                total += float(loss.detach())
-                count += 1
-            policy.eval()
-            metrics = {"train/loss": total / max(count, 1), "epoch": float(epoch + 1)}
-            with torch.no_grad():
-                if len(val_idx):
-                    metrics["val/loss"] = float(batch_loss(val_idx))
-            score = metrics.get("val/loss", metrics["train/loss"])
-            if score < best[0]:
-                best, bad_epochs = (score, epoch + 1), 0
-                ckpt.save(ckpt_dir / "best", policy, cfg_yaml)
-            else:
-                bad_epochs += 1
-            tracker.log_metrics(metrics, epoch + 1)
-            progress.update(1, f"loss {metrics['train/loss']:.4f}" + (f"  val {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""))
-            if c.patience is not None and bad_epochs >= c.patience:
-                ctx.note(f"early stop: no better validation loss for {c.patience} epochs")
-                break
-        progress.close()
-        ckpt.save(ckpt_dir / "last", policy, cfg_yaml)
-        best_dir = ckpt_dir / "best"
-        summary: dict[str, float] = {}
-        if int(cfg.eval.episodes) > 0 and sim_node:
-            from rlinf_cli.runtime.rollout import policy_actor
-
-            best_policy = load_policy(best_dir, ctx.device)
-            sim = common.make_simulator(sim_node)
-            act = policy_actor(best_policy, sim.spec, ctx.device, bool(cfg.eval.deterministic))
-            executor = common.make_executor(cfg.executor, common.runtime_options(cfg, act, sim.spec, 8))
-            summary = common.summarize(common.evaluate(act, sim, executor, int(cfg.eval.episodes), int(cfg.eval.seed), 8),
-                                       sim.spec.has_success)
-            tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, best[1])
-        result = {"stage": "sft", "run_dir": str(ctx.run_dir), "checkpoint": str(best_dir), "best_epoch": best[1],
-                  "best_loss": best[0], "train_samples": int(len(train_idx)), "val_samples": int(len(val_idx)),
-                  "seconds": round(time.time() - ctx.started, 2), "eval": summary, "mlflow_run_id": tracker.run_id}
-        table = common.eval_table({f"sft {cfg.model.name} (best epoch {best[1]})": summary}, "rlinf sft") if summary else None
+        if data.meta_file is not None:
+            tracker.log_artifact(data.meta_file, "dataset")
+        best = train(cfg, ctx, algo, data, policy, engine, tracker, progress, rank)
+        best_dir = ctx.run_dir / "checkpoints" / "best"
+        ev = None
+        if int(cfg.eval.episodes) > 0 and cfg.get("sim") and rank == 0:  # in the dataset's simulator or task
+            ev = collector.evaluate(collector.policy(str(best_dir)), int(cfg.eval.episodes), int(cfg.eval.seed),
+                                    bool(cfg.eval.deterministic), label=f"sft {cfg.model.name} (best epoch {best[1]})")
+            tracker.log_metrics(ev.metrics, best[1])
+        engine.close()
+        shutdown()
+        result = {"stage": "sft", "modality": collector.modality, "run_dir": str(ctx.run_dir),
+                  "checkpoint": str(best_dir), "best_epoch": best[1], "best_loss": best[0], **data.describe(),
+                  "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary if ev else {},
+                  **({"examples": ev.extra["examples"]} if ev is not None and "examples" in ev.extra else {}),
+                  "mlflow_run_id": tracker.run_id}
+        table = collector.table(ev.rows, "rlinf sft") if ev is not None and ev.summary else None
         common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"))
         if table is not None:
             ctx.console.print(table)
+            if ev.examples is not None:
+                ctx.console.print(ev.examples)
         ctx.note(f"run: {ctx.run_dir}  best checkpoint: {best_dir} (epoch {best[1]}, loss {best[0]:.4f})")
     return result

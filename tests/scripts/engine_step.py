@@ -12,8 +12,7 @@ import sys
 
 import torch
 
-from rlinf_algos.grpo import GRPOConfig
-from rlinf_cli.runtime import distributed
+from rlinf_cli.runtime import engine as engines
 from rlinf_model_hf.model import HFCausalLM
 
 
@@ -32,17 +31,20 @@ def main() -> None:
     backend, stage = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
     torch.manual_seed(0)  # same initial weights on every rank
-    rank, world = distributed.init_process_group(_CPU())
+    torch.distributed.init_process_group("gloo")
+    rank, world = engines.world()
     policy = HFCausalLM({"name": "hf", "hidden_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate_size": 64})
     initial = torch.cat([p.detach().reshape(-1).clone() for p in policy.parameters()])
-    engine = distributed.make_engine(policy, GRPOConfig(lr=1e-2), {"backend": backend, "zero_stage": stage, "bf16": False}, _CPU())
+    engine = engines.make_engine(policy, engines.OptimSpec(lr=1e-2, max_grad_norm=0.5),
+                                 {"backend": backend, "zero_stage": stage, "bf16": False}, _CPU())
     texts = [f"{rank + 1}+{i}={rank + 1 + i}" for i in range(4)]  # different data per rank
     losses = []
     for _ in range(3):
         rows = [policy.encode_prompts([t])[0] for t in texts]
         ids = torch.tensor(rows)
         attn = torch.ones_like(ids)
-        loss = policy.sequence_nll(ids, attn, attn)
+        out = policy.evaluate({"input_ids": ids, "attention_mask": attn}, None)
+        loss = -out.logprob.mean()
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
@@ -55,7 +57,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"backend": engine.backend, "world": world, "ranks_agree": same, "moved": moved,
                           "losses": losses}))
-    distributed.shutdown()
+    engines.shutdown()
 
 
 if __name__ == "__main__":

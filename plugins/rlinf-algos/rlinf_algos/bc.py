@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rlinf_cli.algorithm import Algorithm, TrainConfig
+from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, masked_mean
+from rlinf_cli.errors import UserError
 from rlinf_cli.policy import Policy
 
 
@@ -31,10 +33,13 @@ class BC(Algorithm):
     rollout = "supervised"
     uses_critic = False
 
-    def supervised_loss(self, policy: Policy, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
-        """Mean loss over a batch of (observation, expert action) pairs."""
+    def check(self, spec: Any) -> None:
+        if self.config.loss == "mse" and spec.discrete:
+            raise UserError("algo.loss=mse needs continuous actions; this dataset has discrete actions: use algo.loss=nll")
+
+    def supervised_loss(self, policy: Policy, mb: MiniBatch) -> torch.Tensor:
+        """Mean loss over a minibatch of demonstrations: (observation, expert action) pairs, or
+        token sequences whose ``mb.mask`` marks the tokens to imitate."""
         if self.config.loss == "mse":
-            if policy.env_spec.discrete:
-                raise ValueError("mse behaviour cloning needs continuous actions; use algo.loss=nll")
-            return ((policy.mean_action(obs) - actions) ** 2).sum(-1).mean()
-        return -policy.evaluate(obs, actions).logprob.mean()
+            return ((policy.mean_action(mb.obs) - mb.actions) ** 2).sum(-1).mean()
+        return -masked_mean(policy.evaluate(mb.obs, mb.actions).logprob, mb.mask)

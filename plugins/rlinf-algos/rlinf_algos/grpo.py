@@ -18,7 +18,7 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, masked_mean
 from rlinf_cli.policy import EvalOutput
-from rlinf_cli.runtime.rollout import Rollout
+from rlinf_cli.experience import Experience
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,21 @@ class GRPO(Algorithm):
         c = self.config
         return group_advantages(returns, c.group_size, c.eps, c.scale_by_std)
 
-    def advantages(self, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every valid step of an episode gets that episode's advantage: [T, N]."""
-        assert batch.episode_returns is not None, "GRPO needs whole-episode rollouts"
-        adv = self.outcome_advantages(batch.episode_returns).unsqueeze(0) * batch.mask
+    def advantages(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every valid step of an episode (every token of a completion) gets that episode's
+        advantage: [T, N]."""
+        assert exp.episode_returns is not None, "GRPO needs whole-episode rollouts"
+        adv = self.outcome_advantages(exp.episode_returns).unsqueeze(0) * exp.mask
         return adv, torch.zeros_like(adv)
 
     def filter_groups(self, returns: torch.Tensor) -> torch.Tensor | None:
         return informative_groups(returns, self.config.group_size) if self.config.filter_groups else None
+
+    def refill_rounds(self) -> int:
+        return self.config.refill_rounds if self.config.filter_groups else 0
+
+    def needs_reference(self) -> bool:
+        return self.config.kl_coef > 0
 
     def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config

@@ -15,7 +15,7 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate
 from rlinf_cli.policy import EvalOutput
-from rlinf_cli.runtime.rollout import Rollout
+from rlinf_cli.experience import Experience
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class PPOConfig(TrainConfig):
             raise ValueError("rollout_steps must be >= 1")
 
 
-def gae(rollout: Rollout, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(rollout: Experience, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over a [T, N] rollout.
 
     ``dones[t]`` ends the episode at step t: the next value belongs to a new episode and is
@@ -77,8 +77,13 @@ class PPO(Algorithm):
     rollout = "steps"
     uses_critic = True
 
-    def advantages(self, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        return gae(batch, self.config.gamma, self.config.gae_lambda)
+    def advantages(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+        return gae(exp, self.config.gamma, self.config.gae_lambda)
+
+    def critic_only(self, iteration: int, from_checkpoint: bool) -> bool:
+        """RL from a cloned policy: the first iterations train an untrained critic alone, so its
+        advantages cannot walk the cloned actor away."""
+        return from_checkpoint and iteration < self.config.critic_warmup_iters
 
     def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config
@@ -106,7 +111,7 @@ class PPO(Algorithm):
                 "clip_frac": clipped.float().mean(),
                 "explained_variance": 1.0 - (mb.returns - v).var() / mb.returns.var().clamp_min(1e-8),
             }
-        # Critic warm-up (trainer, train_actor=False) minimises this instead. Unclipped: value
+        # Critic warm-up (critic_only) minimises this instead. Unclipped: value
         # clipping keeps V within clip_value of the rollout's values, which would let an untrained
         # critic move only clip_value per iteration towards returns it has never seen.
         stats["value_loss_raw"] = c.value_coef * 0.5 * ((v - mb.returns) ** 2).mean()

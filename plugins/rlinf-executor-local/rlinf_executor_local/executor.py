@@ -66,10 +66,11 @@ class LocalExecutor:
             import numpy as np
 
             nbytes = sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize
-                         for s in simulator.spec.observation.values()) * num_envs
+                         for s in simulator.spec.observation.values() if not s.is_text) * num_envs
             if nbytes < SHM_MIN_BYTES:
                 return None
         return SharedObs(simulator.spec, num_envs)
 
     def describe(self) -> str:
-        return self._placement
+        """Where the envs run; with ``runtime.mode=auto``, what the probe chose and why first."""
+        return (f"{self.choice.reason}\nruntime: " if self.choice is not None else "") + self._placement

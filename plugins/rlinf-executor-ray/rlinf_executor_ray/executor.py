@@ -191,4 +191,5 @@ class RayExecutor:
         return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
 
     def describe(self) -> str:
-        return self._placement
+        """Where the envs run; with ``runtime.mode=auto``, what the probe chose and why first."""
+        return (f"{self.choice.reason}\nruntime: " if self.choice is not None else "") + self._placement

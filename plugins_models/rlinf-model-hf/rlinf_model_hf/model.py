@@ -31,7 +31,7 @@ import torch
 from rlinf_cli import settings
 from rlinf_cli.api import TEXT_SPEC, EnvSpec
 from rlinf_cli.errors import UserError
-from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, Policy, read_model_config
+from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, EvalOutput, Policy, read_model_config
 from rlinf_model_hf import presets, sampling
 
 HF_DIR = "hf"
@@ -182,7 +182,7 @@ class HFCausalLM(Policy):
             raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
         return cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]), _hf_dir=hf_dir).to(map_location)
 
-    # -- text policy interface (used by rlinf_cli.runtime.text) ------------------------------
+    # -- text policy interface (used by rlinf_cli.collectors.text) ---------------------------
     @property
     def eos_token_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
@@ -255,18 +255,30 @@ class HFCausalLM(Policy):
             return sampling.token_logprobs(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                            group_size, self.cfg.temperature, with_entropy)
 
+    def evaluate(self, obs: Mapping[str, torch.Tensor], action: Mapping[str, torch.Tensor] | None,
+                 with_entropy: bool = True) -> EvalOutput:
+        """Log-probs of token actions, the policy interface every algorithm uses.
+
+        - RL minibatches (``rlinf_cli.collectors.text``): ``obs = {prompt_ids, prompt_mask}``, one
+          left-padded row per group; ``action = {ids, attn}``, the group's completions (group after
+          group). Returns per-token log-probs and entropy [B, T] at the sampling temperature.
+        - Demonstrations (SFT): ``obs = {input_ids, attention_mask}`` whole sequences and ``action``
+          None: the log-likelihood of every next token [B, L - 1] (temperature 1).
+        """
+        if action is None:
+            ids, attn = obs["input_ids"], obs["attention_mask"]
+            pos = (attn.cumsum(1) - 1).clamp_min(0)
+            with self.autocast():
+                logits = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1]
+            target = ids[:, 1:]
+            nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                    reduction="none").view_as(target)
+            return EvalOutput(-nll, torch.zeros_like(nll), torch.zeros(ids.shape[0], device=ids.device))
+        prompts, completions = obs["prompt_ids"], action["ids"]
+        logp, entropy = self.token_logprobs(prompts, obs["prompt_mask"], completions, action["attn"],
+                                            completions.shape[0] // prompts.shape[0], with_entropy)
+        zeros = torch.zeros(completions.shape[0], device=completions.device)
+        return EvalOutput(logp, entropy if entropy is not None else torch.zeros_like(logp), zeros)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # lets engines (DeepSpeed) wrap the policy
         return self.lm(*args, **kwargs)
-
-    def sequence_nll(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-        """Mean negative log-likelihood of the tokens where ``loss_mask`` is 1 (SFT on completions).
-
-        All tensors [B, L]; token t is predicted from tokens < t, so ``loss_mask[:, 0]`` is ignored.
-        """
-        pos = (attention_mask.cumsum(1) - 1).clamp_min(0)
-        with self.autocast():
-            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits[:, :-1]
-        target, mask = input_ids[:, 1:], loss_mask[:, 1:].to(torch.float32)
-        nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                reduction="none").view_as(mask)
-        return (nll * mask).sum() / mask.sum().clamp_min(1.0)

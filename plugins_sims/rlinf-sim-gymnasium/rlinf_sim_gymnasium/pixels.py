@@ -44,7 +44,7 @@ class PixelEnv:
             import mujoco
         except ImportError as exc:  # pragma: no cover - gymnasium[mujoco] brings it
             raise UserError(f"sim.obs=rgb needs the mujoco package: {exc}") from exc
-        from rlinf_cli.headless_gl import lean_renderer
+        from rlinf_mujoco_gl import lean_renderer
 
         base = self.env.env.unwrapped
         model = base.model

@@ -74,9 +74,10 @@ class GymnasiumSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(GymnasiumConfig, cfg, "sim")
         if self.cfg.obs != "state":
-            from rlinf_cli.headless_gl import prepare_mujoco_gl
+            from rlinf_mujoco_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # before MuJoCo is first imported: it picks its GL backend then
+        self.label = f"gymnasium/{self.cfg.env_id}"  # for titles and tables
         env = self._make()
         try:
             self.spec = self._spec(env)

@@ -33,7 +33,7 @@ class FastRenderer:
     """RGB frames of one camera of one MuJoCo model, as ``[H, W, 3]`` uint8, upright."""
 
     def __init__(self, model: Any, camera: str, height: int, width: int):
-        from rlinf_cli.headless_gl import lean_renderer
+        from rlinf_mujoco_gl import lean_renderer
 
         names = [model.camera(i).name for i in range(model.ncam)]
         if camera not in names:

@@ -47,6 +47,7 @@ class MetaWorldConfig:
     obs: str = "state"  # state | rgb (pixels + proprioception) | state_rgb (both)
     image_size: int = 84  # rgb height and width in pixels
     camera: str = "corner"  # corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV
+    instruction: bool = True  # observation 'instruction': the task's language instruction (a text entry)
     video_size: int = 0  # > 0: also render the camera at this size under the key "video" (evaluation videos)
 
     def __post_init__(self) -> None:
@@ -117,6 +118,7 @@ class MetaWorldEnv:
     def __init__(self, cfg: MetaWorldConfig, task_names: tuple[str, ...], index: int):
         self.cfg = cfg
         self.tasks = task_names
+        self.instructions = tuple(task_sets.instruction(t) for t in task_names)
         self._envs: dict[int, Any] = {}
         # Unseeded resets (auto-reset) continue a stream that the last seeded reset restarted.
         self._stream = np.random.default_rng([index, 0x3E7A])
@@ -158,6 +160,8 @@ class MetaWorldEnv:
 
     def _obs(self, state: np.ndarray) -> Obs:
         obs: Obs = {"task_id": np.asarray(self._task, dtype=np.int64)}
+        if self.cfg.instruction:
+            obs["instruction"] = self.instructions[self._task]
         if self.cfg.obs != "rgb":
             obs["state"] = np.asarray(state, dtype=np.float32)
         if self.cfg.rgb:
@@ -210,11 +214,13 @@ class MetaWorldSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
         self.cfg = settings.build(MetaWorldConfig, cfg, "sim")
         if self.cfg.rgb or self.cfg.video_size:
-            from rlinf_cli.headless_gl import prepare_mujoco_gl
+            from rlinf_mujoco_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # before anything imports mujoco
         self.tasks = _resolve_tasks(self.cfg)
         self.instructions = tuple(task_sets.instruction(t) for t in self.tasks)
+        # for titles and tables
+        self.label = f"metaworld/{self.tasks[0] if len(self.tasks) == 1 else self.cfg.benchmark or f'{len(self.tasks)} tasks'}"
         self.spec = self._spec()
 
     def _spec(self) -> EnvSpec:
@@ -228,6 +234,8 @@ class MetaWorldSimulator:
         if c.video_size:
             obs[VIDEO_KEY] = ArraySpec((c.video_size, c.video_size, 3), "uint8", 0, 255)
         obs["task_id"] = ArraySpec((), "int64", 0, len(self.tasks) - 1)
+        if c.instruction:
+            obs["instruction"] = ArraySpec((), "str")
         return EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0), max_episode_steps=c.max_episode_steps,
                        tasks=self.tasks, has_success=True)
 
@@ -240,7 +248,7 @@ class MetaWorldSimulator:
 
     def make_env(self, index: int) -> MetaWorldEnv:
         if self.cfg.rgb or self.cfg.video_size:
-            from rlinf_cli.headless_gl import prepare_mujoco_gl
+            from rlinf_mujoco_gl import prepare_mujoco_gl
 
             prepare_mujoco_gl()  # this may be a fresh worker process
         return MetaWorldEnv(self.cfg, self.tasks, index)

@@ -9,3 +9,4 @@ def register_simulators(register):
 @hookimpl
 def register_algorithms(register):
     register("a2c_bad", "rlinf_test_plugins.parts:BadA2C", summary="an algorithm whose config lacks rollout_steps")
+    register("a2c", "rlinf_test_plugins.a2c:A2C", summary="A2C against the documented contract only")

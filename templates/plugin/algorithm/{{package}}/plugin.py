@@ -5,4 +5,4 @@ from rlinf_cli.hookspecs import hookimpl
 
 @hookimpl
 def register_algorithms(register):
-    register("{{name}}", "{{package}}.algo:Algo", summary="{{name}}: REINFORCE with a batch-mean baseline")
+    register("{{name}}", "{{package}}.algo:Algo", summary="{{name}}: advantage actor-critic, one step per rollout")

@@ -61,16 +61,17 @@ def episode_filename(index: int, episode: Any, has_success: bool = True) -> str:
     return f"episode-{index:03d}_seed-{episode.seed}{success}_return-{episode.ret:.2f}.mp4"
 
 
-def evaluate_with_video(act: Callable, sim: Any, executor: Any, episodes: int, seed: int, num_envs: int,
+def evaluate_with_video(collector: Any, act: Callable, episodes: int, seed: int, num_envs: int,
                         video: int, out_dir: Path, size: int = 256, fps: int | None = None,
                         on_batch: Callable[[list[Any]], None] | None = None) -> tuple[list[Any], list[Path]]:
-    """:func:`rlinf_cli.stages.common.evaluate` whose first ``video`` episodes are recorded to mp4."""
-    from rlinf_cli.stages.common import evaluate
+    """The collector's evaluation episodes, the first ``video`` of them recorded to mp4."""
     from rlinf_cli.video import encode_mp4
 
+    sim = collector.sim
+    evaluate = collector.run_episodes
     video = max(0, min(int(video), int(episodes)))
     if video == 0:
-        return evaluate(act, sim, executor, episodes, seed, num_envs, on_batch=on_batch), []
+        return evaluate(act, episodes, seed, num_envs, on_batch=on_batch), []
     vsim, key = video_source(sim, size)
     n = max(1, min(num_envs, episodes))
     recorded = min(episodes, math.ceil(video / n) * n)  # whole batches, so seeds line up with a run without video
@@ -80,9 +81,8 @@ def evaluate_with_video(act: Callable, sim: Any, executor: Any, episodes: int, s
         recorders.append(FrameRecorder(key, min(n, video - n * len(recorders))))
         return recorders[-1]
 
-    first = evaluate(act, vsim, executor, recorded, seed, num_envs, recorder_factory=factory, on_batch=on_batch)
-    rest = evaluate(act, sim, executor, episodes - recorded, seed + recorded, num_envs, on_batch=on_batch) \
-        if episodes > recorded else []
+    first = evaluate(act, recorded, seed, num_envs, recorder_factory=factory, on_batch=on_batch, sim=vsim)
+    rest = evaluate(act, episodes - recorded, seed + recorded, num_envs, on_batch=on_batch) if episodes > recorded else []
     rate = int(fps or getattr(sim, "fps", None) or 30)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

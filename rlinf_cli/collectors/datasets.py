@@ -1,0 +1,249 @@
+"""Demonstrations in and out: episode recording for `collect`, training data for `sft`.
+
+Both kinds of dataset give `sft` the same thing: shuffled minibatches that an algorithm's
+``supervised_loss(policy, mb)`` scores, and a validation loss to pick the best checkpoint by.
+
+- :class:`EpisodeDataset`: an rlinf parquet dataset of (observation, action) steps; validation
+  holds out whole episodes.
+- :class:`TextDataset`: a JSONL file of prompt/completion pairs for a language model; the loss
+  is on completion tokens (+ eos) only; validation holds out rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from rlinf_cli.algorithm import Algorithm, MiniBatch
+from rlinf_cli.api import Obs, StepBatch
+from rlinf_cli.data.dataset import Episode
+from rlinf_cli.errors import UserError
+
+
+class EpisodeBuffer:
+    """Records each env's steps while its episode runs (a recorder for run_episodes)."""
+
+    def __init__(self, n: int):
+        self.steps: list[list[tuple[Obs, np.ndarray, float, bool]]] = [[] for _ in range(n)]
+        self.ended: list[tuple[bool, bool] | None] = [None] * n
+
+    def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
+        for i in np.flatnonzero(alive):
+            self.steps[i].append(({k: v[i] if v.dtype == object else v[i].copy() for k, v in obs.items()},
+                                  np.asarray(action[i]).copy(),
+                                  float(sb.reward[i]), bool(sb.success[i])))
+            if sb.terminated[i] or sb.truncated[i]:
+                self.ended[i] = (bool(sb.terminated[i]), bool(sb.truncated[i]))
+
+    def episode(self, i: int, seed: int) -> Episode:
+        steps = self.steps[i]
+        term, trunc = self.ended[i] or (False, True)
+        return Episode(
+            obs={k: np.stack([s[0][k] for s in steps]) for k in steps[0][0]},
+            actions=np.stack([s[1] for s in steps]),
+            rewards=np.array([s[2] for s in steps], dtype=np.float32),
+            success=np.array([s[3] for s in steps], dtype=bool),
+            terminated=term, truncated=trunc, seed=seed,
+        )
+
+
+def with_noise(act: Any, spec: Any, noise: float, epsilon: float, rng: np.random.Generator) -> Any:
+    """Diverse demonstrations: Gaussian noise on continuous actions, random actions with prob. epsilon."""
+    if noise <= 0 and epsilon <= 0:
+        return act
+    from rlinf_cli.collectors.embodied import random_actor
+
+    rand = random_actor(spec, rng)
+
+    def noisy(obs: Obs) -> tuple[Any, np.ndarray]:
+        out, a = act(obs)
+        a = np.array(a, copy=True)
+        if noise > 0 and not spec.discrete:
+            a = a + rng.normal(0.0, noise, size=a.shape).astype(np.float32)
+            if spec.action.low is not None:
+                a = np.clip(a, spec.action.low, spec.action.high)
+        if epsilon > 0:
+            swap = rng.random(a.shape[0]) < epsilon
+            if swap.any():
+                a[swap] = rand(obs)[1][swap]
+        return out, a
+
+    return noisy
+
+
+def split_episodes(episode_ids: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row masks (train, val), holding out whole episodes so validation sees unseen trajectories."""
+    unique = np.unique(episode_ids)
+    rng = np.random.default_rng(seed)
+    n_val = int(math.ceil(val_fraction * len(unique))) if len(unique) >= 2 and val_fraction > 0 else 0
+    val_eps = rng.permutation(unique)[:n_val]
+    val = np.isin(episode_ids, val_eps)
+    return ~val, val
+
+
+class EpisodeDataset:
+    """(observation, action) steps of an rlinf dataset, for behaviour cloning."""
+
+    def __init__(self, path: str, val_fraction: float, seed: int, device: Any, lerobot_features: Any = None):
+        from rlinf_cli.data import dataset as ds, lerobot
+        from rlinf_cli.policy import obs_to_torch
+
+        if lerobot.is_lerobot_dataset(path):  # a LeRobot v3.0 directory: features mapped onto observation keys
+            self.data = lerobot.load(path, dict(lerobot_features or {}))
+            self.meta_file = self.data.path / lerobot.INFO
+        else:
+            self.data = ds.load(path)
+            self.meta_file = self.data.path / ds.META
+        self.spec = self.data.spec
+        train_rows, val_rows = split_episodes(self.data.episode, val_fraction, seed)
+        self.obs = obs_to_torch(self.data.obs, device)
+        self.actions = torch.as_tensor(self.data.actions, device=device)
+        self.train_idx = torch.from_numpy(np.flatnonzero(train_rows))
+        self.val_idx = torch.from_numpy(np.flatnonzero(val_rows))
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def prepare(self, policy: Any, note: Any) -> None:
+        """The policy must read what the dataset holds (a LeRobot dataset says which features map where)."""
+        from rlinf_cli.policy import check_compatible
+
+        if self.data.meta.get("format") == "lerobot":
+            from rlinf_cli.data import lerobot
+
+            lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
+        check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
+
+    def _batch(self, idx: torch.Tensor) -> MiniBatch:
+        return MiniBatch(None, None, None, None, obs={k: v[idx] for k, v in self.obs.items()}, actions=self.actions[idx])
+
+    def steps_per_epoch(self, size: int) -> int:
+        return math.ceil(len(self.train_idx) / max(1, min(size, len(self.train_idx))))
+
+    def minibatches(self, size: int) -> Iterator[MiniBatch]:
+        mb = max(1, min(size, len(self.train_idx)))
+        perm = self.train_idx[torch.randperm(len(self.train_idx), generator=self.generator)]
+        for start in range(0, len(perm), mb):
+            yield self._batch(perm[start:start + mb])
+
+    @torch.no_grad()
+    def val_loss(self, policy: Any, algo: Algorithm) -> float | None:
+        return float(algo.supervised_loss(policy, self._batch(self.val_idx))) if len(self.val_idx) else None
+
+    def metrics(self, seconds: float) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"train_samples": int(len(self.train_idx)), "val_samples": int(len(self.val_idx))}
+
+
+class TextDataset:
+    """Prompt/completion pairs for a language model (``text.*`` settings of `sft`).
+
+    Prompts are encoded as the policy encodes them for RL (chat template when the tokenizer has
+    one), the completion is followed by eos, and the loss is on completion tokens only.
+    """
+
+    def __init__(self, path: str, val_fraction: float, seed: int, device: Any, text_cfg: Any):
+        from rlinf_cli.collectors.text import read_pairs
+
+        self.t = text_cfg
+        self.pairs = read_pairs(path, str(text_cfg.prompt_key), str(text_cfg.completion_key))
+        self.val_fraction, self.device = val_fraction, device
+        self.rng = np.random.default_rng(seed)
+        self.meta_file = None
+        self.tokens = 0
+        from rlinf_cli.api import TEXT_SPEC
+
+        self.spec = TEXT_SPEC
+
+    def prepare(self, policy: Any, note: Any) -> None:
+        """Encode with the policy's tokenizer, drop rows longer than ``text.max_length``, split, pack."""
+        self.pad = policy.pad_token_id
+        max_length = int(self.t.max_length)
+        prompts = policy.encode_prompts([p for p, _ in self.pairs])
+        self.rows, self.masks, self.dropped = [], [], 0
+        for prompt, (_, completion) in zip(prompts, self.pairs):
+            target = policy.encode_text(completion) + [policy.eos_token_id]
+            if len(prompt) + len(target) > max_length:
+                self.dropped += 1
+                continue
+            self.rows.append(list(prompt) + target)
+            self.masks.append([0] * len(prompt) + [1] * len(target))
+        if not self.rows:
+            raise UserError(f"every example is longer than text.max_length={max_length} tokens; raise it")
+        if self.dropped:
+            note(f"dropped {self.dropped} examples longer than text.max_length={max_length} tokens")
+        order = self.rng.permutation(len(self.rows))
+        n = len(self.rows)
+        n_val = int(math.ceil(self.val_fraction * n)) if n >= 2 and self.val_fraction > 0 else 0
+        self.val_idx, train_idx = order[:n_val], order[n_val:]
+        self.n_train = len(train_idx)
+        self.train_rows = [self.rows[i] for i in train_idx]
+        self.train_masks = [self.masks[i] for i in train_idx]
+        if self.t.packing:
+            self.train_rows, self.train_masks = pack(self.train_rows, self.train_masks, max_length)
+
+    def _batch(self, rows: list[list[int]], masks: list[list[int]]) -> MiniBatch:
+        ids, attn, loss = collate(rows, masks, self.pad, self.device)
+        self.tokens += int(attn.sum())
+        return MiniBatch(None, None, None, None, mask=loss[:, 1:], obs={"input_ids": ids, "attention_mask": attn})
+
+    def steps_per_epoch(self, size: int) -> int:
+        return math.ceil(len(self.train_rows) / max(1, min(size, len(self.train_rows))))
+
+    def minibatches(self, size: int) -> Iterator[MiniBatch]:
+        mb = max(1, min(size, len(self.train_rows)))
+        perm = self.rng.permutation(len(self.train_rows))
+        for s in range(0, len(perm), mb):
+            idx = perm[s:s + mb]
+            yield self._batch([self.train_rows[i] for i in idx], [self.train_masks[i] for i in idx])
+
+    @torch.no_grad()
+    def val_loss(self, policy: Any, algo: Algorithm) -> float | None:
+        if not len(self.val_idx):
+            return None
+        total, count = 0.0, 0
+        for s in range(0, len(self.val_idx), 256):
+            idx = self.val_idx[s:s + 256]
+            tokens = self.tokens
+            total += float(algo.supervised_loss(policy, self._batch([self.rows[i] for i in idx],
+                                                                    [self.masks[i] for i in idx]))) * len(idx)
+            self.tokens = tokens  # validation tokens are not training throughput
+            count += len(idx)
+        return total / max(count, 1)
+
+    def metrics(self, seconds: float) -> dict[str, float]:
+        return {"time/tokens_per_s": self.tokens / max(seconds, 1e-9)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"train_examples": int(self.n_train), "val_examples": int(len(self.val_idx)), "dropped": self.dropped}
+
+
+def pack(rows: list[list[int]], masks: list[list[int]], max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy packing: consecutive examples share a row up to ``max_length`` tokens."""
+    out_rows, out_masks, cur, cur_m = [], [], [], []
+    for r, m in zip(rows, masks):
+        if cur and len(cur) + len(r) > max_length:
+            out_rows.append(cur)
+            out_masks.append(cur_m)
+            cur, cur_m = [], []
+        cur, cur_m = cur + r, cur_m + m
+    if cur:
+        out_rows.append(cur)
+        out_masks.append(cur_m)
+    return out_rows, out_masks
+
+
+def collate(rows: list[list[int]], masks: list[list[int]], pad: int, device: Any) -> tuple[Any, Any, Any]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    loss = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, :len(r)] = torch.tensor(r)
+        attn[i, :len(r)] = 1
+        loss[i, :len(m)] = torch.tensor(m)
+    return ids.to(device), attn.to(device), loss.to(device)
+

@@ -1,0 +1,478 @@
+"""The embodied collector: a simulator's envs, placed by an executor, driven by a policy.
+
+It turns every stage's needs into env work: fixed-length step rollouts (PPO) or whole episodes
+in seed groups (GRPO) for `rl`, held-out evaluation episodes for every stage, demonstration
+episodes for `collect` and parquet datasets for `sft`. Env state that a checkpoint needs (seed
+streams, running episodes) lives here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from rlinf_cli.algorithm import Algorithm, MiniBatch
+from rlinf_cli.api import EnvSpec, Executor, Obs, Simulator, StepBatch
+from rlinf_cli.collectors.base import Evaluation, training_seeds
+from rlinf_cli.errors import UserError
+from rlinf_cli.experience import Experience
+from rlinf_cli.registry import get_registry, make_simulator
+from rlinf_cli.runtime.rollout import EpisodeRecorder, EpisodeStats, Recorder, Runner, policy_actor, run_episodes
+from rlinf_cli.settings import plain
+
+
+def make_executor(node: Any, runtime: dict[str, Any] | None = None) -> Executor:
+    """Build the executor; ``runtime`` (from :func:`runtime_options`) goes in as its ``runtime`` entry."""
+    data = dict(plain(node))
+    if runtime is not None:
+        data["runtime"] = dict(runtime)
+    return get_registry().load("executor", data["name"])(data)
+
+
+def runtime_options(cfg: Any, act: Callable | None = None, spec: EnvSpec | None = None,
+                    num_envs: int | None = None) -> dict[str, Any]:
+    """The ``runtime`` and ``env`` transport settings as one dict for the executor.
+
+    With ``runtime.mode=auto`` and a policy ``act`` function, the policy's inference time on a
+    batch of ``num_envs`` is measured here (``infer_s``); the executor probes the simulator.
+    """
+    out: dict[str, Any] = dict(plain(cfg.runtime)) if cfg.get("runtime") is not None else {}
+    env = cfg.get("env")
+    if env is not None:
+        out.update({"obs_compression": env.get("obs_compression", "none"), "obs_delta": bool(env.get("obs_delta", False)),
+                    "compression_level": int(env.get("compression_level", 1))})
+    if out.get("mode") == "auto" and act is not None and spec is not None and num_envs:
+        from rlinf_cli.runtime.placement import time_inference
+
+        out["infer_s"] = time_inference(act, spec, int(num_envs))
+    return out
+
+
+# -- actors (observations -> env actions) -------------------------------------------------------
+def random_actor(spec: EnvSpec, rng: np.random.Generator) -> Callable[[Obs], tuple[None, np.ndarray]]:
+    def act(obs: Obs) -> tuple[None, np.ndarray]:
+        n = next(iter(obs.values())).shape[0]
+        if spec.discrete:
+            return None, rng.integers(0, spec.num_actions, size=n)
+        low = spec.action.low if spec.action.low is not None else -1.0
+        high = spec.action.high if spec.action.high is not None else 1.0
+        return None, rng.uniform(low, high, size=(n, *spec.action.shape)).astype(np.float32)
+
+    return act
+
+
+def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray]]:
+    expert = simulator.expert()
+    if expert is None:
+        raise UserError("this simulator has no scripted expert; use policy=random or a checkpoint directory")
+
+    def act(obs: Obs) -> tuple[None, np.ndarray]:
+        n = next(iter(obs.values())).shape[0]
+        return None, np.stack([expert({k: v[i] for k, v in obs.items()}, i) for i in range(n)])
+
+    return act
+
+
+# -- summaries and tables ----------------------------------------------------------------------
+def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dict[str, float]:
+    """Mean/std return, success rates (only where the simulator reports success), mean length."""
+    if not episodes:
+        return {}
+    rets = np.array([e.ret for e in episodes])
+    out = {"episodes": float(len(episodes)), "return_mean": float(rets.mean()), "return_std": float(rets.std())}
+    if has_success:
+        out["success_once"] = float(np.mean([e.success_once for e in episodes]))
+        out["success_at_end"] = float(np.mean([e.success_at_end for e in episodes]))
+    out["length_mean"] = float(np.mean([e.length for e in episodes]))
+    return out
+
+
+def summarize_by_task(episodes: Sequence[EpisodeStats], tasks: Sequence[str],
+                      has_success: bool = True) -> dict[str, dict[str, float]]:
+    """Task name -> :func:`summarize` of its episodes, for simulators with several tasks."""
+    out = {}
+    for index, name in enumerate(tasks):
+        mine = [e for e in episodes if e.task == index]
+        if mine:
+            out[name] = summarize(mine, has_success)
+    return out
+
+
+def task_mean(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each number averaged over tasks (every task weighs the same, whatever its episode count)."""
+    if not per_task:
+        return {}
+    keys = set.intersection(*(set(s) for s in per_task.values()))
+    out = {k: float(np.mean([s[k] for s in per_task.values()])) for k in sorted(keys)}
+    out["episodes"] = float(sum(s["episodes"] for s in per_task.values()))
+    out["tasks"] = float(len(per_task))
+    return out
+
+
+def pct(summary: dict[str, float], key: str) -> str:
+    return f"{summary[key]:.0%}" if key in summary else "n/a"
+
+
+def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
+    """A rich table: one row per policy/label with the summary numbers."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("policy", "episodes", "return (mean ± std)", "success_once", "success_at_end", "length"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for label, s in rows.items():
+        if not s:
+            table.add_row(label, "-", "-", "-", "-", "-")
+            continue
+        table.add_row(label, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
+                      pct(s, "success_once"), pct(s, "success_at_end"), f"{s['length_mean']:.1f}")
+    return table
+
+
+class EmbodiedCollector:
+    modality = "embodied"
+    unit = "steps"  # `rl`'s budget: total_steps env steps
+
+    def __init__(self, cfg: Any, ctx: Any, sim_node: Any = None):
+        self.cfg, self.ctx = cfg, ctx
+        self._node = sim_node
+        self._sim: Simulator | None = None
+        self._executor: Executor | None = None
+        self._env: Any = None
+        self.runner: Any = None
+        self.recent: list[EpisodeStats] = []  # the last 100 training episodes (rollout/return_mean_100)
+        self._spec_rollout: Any = None
+
+    @property
+    def sim(self) -> Simulator:
+        """Built on first use: `sft` on a dataset whose simulator is not installed still trains."""
+        if self._sim is None:
+            if self._node is None:
+                raise UserError("this dataset does not name the simulator that recorded it; pass sim=...")
+            self._sim = make_simulator(self._node)
+        return self._sim
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self.sim.spec
+
+    @property
+    def label(self) -> str:
+        name = plain(self._node).get("name", "sim") if self._node is not None else "dataset"
+        return str(getattr(self._sim, "label", None) or name)
+
+    # -- policies ---------------------------------------------------------------------------
+    def policy(self, source: str | None, model_node: Any = None, spec: EnvSpec | None = None,
+               check: bool = True) -> Any:
+        """A policy loaded from checkpoint ``source`` (checked against ``spec``, by default this
+        simulator's, unless ``check`` is off), or a fresh one for ``spec`` from the ``model`` config."""
+        from rlinf_cli.policy import check_compatible, load_policy
+
+        spec = spec or self.spec
+        if source:
+            policy = load_policy(source, self.ctx.device)
+            if check:
+                check_compatible(policy, spec, f"checkpoint '{source}'")
+            return policy
+        model = get_registry().get("model", model_node.name)
+        if model.attrs.get("modality") == "text":
+            raise UserError(f"model '{model_node.name}' is a language model; simulator '{self.label}' needs a "
+                            f"policy for its observations (model=mlp)")
+        return model.load()(model_node, spec).to(self.ctx.device)
+
+    def prepare_rl(self, policy: Any, cfg: Any) -> None:
+        """RL from a cloned policy (``init=``): cloning shrank its action std until it barely
+        explores, so it is reset, and kept fixed so PPO cannot collapse or inflate it while the
+        mean improves. A resumed run keeps the std it had."""
+        std = cfg.get("init_action_std") if cfg.init and not cfg.resume else None
+        if std is not None and std <= 0:
+            raise UserError(f"init_action_std must be > 0 (or null to keep the checkpoint's), got {std}")
+        learn = cfg.get("learn_action_std")
+        learn = not cfg.init if learn is None else bool(learn)
+        if std is not None or not learn:
+            policy.set_action_std(None if std is None else float(std), trainable=learn)
+
+    def actor(self, source: str, deterministic: bool, seed: int) -> Callable:
+        """``act(obs) -> (output, env actions)`` for ``random``, ``expert`` or a checkpoint."""
+        if source == "random":
+            return random_actor(self.spec, np.random.default_rng(seed))
+        if source == "expert":
+            return expert_actor(self.sim)
+        policy = self.policy(source)
+        policy.eval()
+        return policy_actor(policy, self.spec, self.ctx.device, deterministic)
+
+    def executor(self, act: Callable | None = None, num_envs: int | None = None) -> Executor:
+        if self._executor is None:
+            self._executor = make_executor(self.cfg.executor, runtime_options(self.cfg, act, self.spec, num_envs))
+        return self._executor
+
+    # -- rl ---------------------------------------------------------------------------------
+    def budget(self, cfg: Any) -> int:
+        """`rl` runs until ``total_steps`` env steps."""
+        return int(cfg.total_steps)
+
+    def units(self, state: dict[str, Any]) -> float:
+        return float(state["env_steps"])
+
+    def start(self, policy: Any, algo: Algorithm, rank: int, world: int, state: dict[str, Any],
+              saved: dict[str, np.ndarray] | None) -> list[str]:
+        """Place the envs and start (or, from ``saved``, continue) their episodes; returns notes."""
+        spec = algo.rollout_spec()
+        self._spec_rollout, self._rank, self._world = spec, rank, world
+        num_envs = spec.groups * spec.group_size if spec.kind == "episodes" else int(self.cfg.num_envs)
+        notes: list[str] = []
+        executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
+        first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
+        overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
+        if saved is not None and "recent" in saved:
+            self.recent = [EpisodeStats(float(r), int(n), bool(s), bool(e)) for r, n, s, e in saved["recent"]]
+        if overlap:  # the next rollout is collected in another process during the update
+            from rlinf_cli.runtime.overlap import OverlappedRunner
+
+            runtime = runtime_options(self.cfg)
+            start_it = state["iteration"]
+            self.runner = OverlappedRunner(
+                self.sim, policy, num_envs, int(self.cfg.seed) + 1, lambda i: first_seeds if i == start_it else None,
+                start_iteration=start_it, start_method=str(runtime.get("start_method", "forkserver")),
+                executor=None if runtime.get("mode", "collocated") == "collocated"
+                else (type(executor), {**dict(plain(self.cfg.executor)), "runtime": runtime}))
+            self._env = self.runner
+            return notes + ["runtime: rollouts overlap the update in a separate process (one policy version behind)"]
+        self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
+        notes.append(f"runtime: {executor.describe()}")
+        if spec.kind == "steps":
+            self.runner = Runner(self._env, policy, self.ctx.device)
+            if saved is not None and "streams" in saved and self.spec.replayable:
+                self.runner.restore(saved)
+            else:
+                if saved is not None or state["iteration"] > 0:
+                    notes.append("resume: the simulator's episodes cannot be replayed (EnvSpec.replayable=False or "
+                                 "no saved env state); the resumed run starts fresh episodes")
+                self.runner.reset(first_seeds)
+        return notes
+
+    def collect(self, policy: Any, algo: Algorithm, iteration: int) -> Experience:
+        spec = self._spec_rollout
+        if spec.kind == "steps":
+            exp = self.runner.collect_steps(spec.steps)
+        elif spec.kind == "episodes":
+            exp = self._collect_groups(policy, algo, iteration)
+        else:
+            raise UserError(f"algorithm '{algo.name}' learns from rollout='{spec.kind}', which `rlinf rl` cannot "
+                            f"collect on an embodied simulator yet")
+        self.recent = (self.recent + exp.episodes)[-100:]
+        return exp
+
+    def _collect_groups(self, policy: Any, algo: Algorithm, iteration: int) -> Experience:
+        spec = self._spec_rollout
+        seeds = training_seeds(int(self.cfg.seed), iteration * self._world + self._rank, spec.groups)
+        recorder = EpisodeRecorder()
+        episodes = run_episodes(self._env, policy_actor(policy, self.spec, self.ctx.device, False),
+                                [s for s in seeds for _ in range(spec.group_size)], recorder)
+        exp = recorder.to_experience(episodes, spec.group_size, self.ctx.device)
+        keep = algo.filter_groups(exp.episode_returns)
+        if keep is not None:  # dropped groups stay in the batch with no weight
+            exp.mask = exp.mask * keep.repeat_interleave(spec.group_size).to(exp.mask).unsqueeze(0)
+        return exp
+
+    def epochs(self, exp: Experience, adv: torch.Tensor, ret: torch.Tensor, algo: Algorithm,
+               generator: torch.Generator) -> Iterator[Iterable[MiniBatch]]:
+        """One iterable of minibatches per epoch: the valid samples, shuffled. One gather per
+        tensor per epoch, then contiguous slices (cheap at thousands of tiny steps)."""
+        obs, actions, data = self._flatten(exp, adv, ret)
+        n = actions.shape[0]
+        size = min(algo.minibatch_size, n)
+
+        def epoch() -> Iterator[MiniBatch]:
+            perm = torch.randperm(n, generator=generator)
+            e_obs = {k: v[perm.numpy()] if isinstance(v, np.ndarray) else v[perm] for k, v in obs.items()}
+            e_actions = actions[perm]
+            e_data = [None if t is None else t[perm] for t in data]
+            for start in range(0, n, size):
+                sl = slice(start, start + size)
+                yield MiniBatch(*(None if t is None else t[sl] for t in e_data),
+                                obs={k: v[sl] for k, v in e_obs.items()}, actions=e_actions[sl])
+
+        for _ in range(algo.epochs if n else 0):
+            yield epoch()
+
+    def _flatten(self, exp: Experience, adv: torch.Tensor, ret: torch.Tensor
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, list[torch.Tensor | None]]:
+        valid = exp.mask.reshape(-1) > 0
+        keep_all = bool(valid.all())
+
+        def flat(x: Any) -> Any:
+            if x is None:
+                return None
+            x = x.reshape(-1, *x.shape[2:])
+            if keep_all:
+                return x
+            return x[valid.cpu().numpy()] if isinstance(x, np.ndarray) else x[valid]  # text entries: numpy
+
+        data = [flat(exp.logprobs), flat(adv), flat(ret), flat(exp.values), None, flat(exp.ref_logprobs)]
+        return {k: flat(v) for k, v in exp.obs.items()}, flat(exp.actions), data
+
+    @torch.no_grad()
+    def logprobs(self, policy: Any, exp: Experience) -> torch.Tensor:
+        """``policy``'s log-probs of the experience's actions ([T, N]; a frozen reference policy)."""
+        T, N = exp.rewards.shape
+        obs = {k: v.reshape(T * N, *v.shape[2:]) for k, v in exp.obs.items()}
+        return policy.evaluate(obs, exp.actions.reshape(T * N, *exp.actions.shape[2:])).logprob.reshape(T, N)
+
+    def metrics(self, exp: Experience, seconds: float) -> dict[str, float]:
+        """Rollout numbers of ``exp``, which took ``seconds`` to collect and learn from."""
+        out = {f"rollout/{k}": v for k, v in exp.stats.items()}
+        out["time/env_steps_per_s"] = exp.env_steps / max(seconds, 1e-9)
+        if exp.episodes:
+            s = summarize(exp.episodes, self.spec.has_success)
+            out.update({f"rollout/{k}": v for k, v in s.items() if k != "return_std"})
+        if self.recent:
+            out["rollout/return_mean_100"] = float(np.mean([e.ret for e in self.recent]))
+        return out
+
+    def info(self, metrics: dict[str, float]) -> str:
+        parts = []
+        if "rollout/return_mean" in metrics:
+            parts.append(f"return {metrics['rollout/return_mean']:.1f}")
+        if "rollout/success_once" in metrics:
+            parts.append(f"success {metrics['rollout/success_once']:.0%}")
+        return "  ".join(parts)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint needs to continue exactly: running episodes (replayed on resume) and
+        the recent episodes behind ``rollout/return_mean_100``."""
+        out = dict(self.runner.state()) if isinstance(self.runner, Runner) else {}
+        out["recent"] = np.array([[e.ret, e.length, e.success_once, e.success_at_end] for e in self.recent],
+                                 dtype=np.float64).reshape(-1, 4)
+        return out
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    # -- evaluation -------------------------------------------------------------------------
+    def run_episodes(self, act: Callable, episodes: int, seed: int, num_envs: int,
+                     recorder_factory: Callable[[], Recorder] | None = None,
+                     on_batch: Callable[[list[EpisodeStats]], None] | None = None,
+                     sim: Simulator | None = None) -> list[EpisodeStats]:
+        """Episodes ``seed, seed+1, ...`` in batches of ``num_envs``; returns them in seed order.
+        ``sim``: another simulator to run them on (the same one with a video camera)."""
+        if episodes < 1:
+            return []
+        n = max(1, min(num_envs, episodes))
+        env = self.executor(act, n).make_vec_env(sim or self.sim, n, autoreset=False)
+        results: list[EpisodeStats] = []
+        try:
+            for start in range(0, episodes, n):
+                seeds = [seed + start + i for i in range(n)]
+                batch = run_episodes(env, act, seeds, recorder_factory() if recorder_factory else None)[: episodes - start]
+                results.extend(batch)
+                if on_batch is not None:
+                    on_batch(batch)
+        finally:
+            env.close()
+        return results
+
+    def check_video(self, video: int, size: int) -> None:
+        """Fail now, not after training, when ``video`` > 0 and this simulator cannot render."""
+        if video:
+            from rlinf_cli.collectors.videos import video_source
+
+            video_source(self.sim, size)
+
+    def evaluate(self, policy: Any, episodes: int, seed: int, deterministic: bool = True, label: str = "policy",
+                 on_batch: Callable[[int], None] | None = None, video: int = 0, video_dir: Any = None,
+                 video_size: int = 256, **_text: Any) -> Evaluation:
+        """``episodes`` held-out episodes (seeds ``seed, seed+1, ...``) of ``policy`` (a Policy,
+        or ``random`` / ``expert`` / a checkpoint path); the first ``video`` recorded to mp4 files in
+        ``video_dir`` (``extra["videos"]``)."""
+        from rlinf_cli.collectors.videos import evaluate_with_video
+
+        act = self.actor(policy, deterministic, seed) if isinstance(policy, str) else \
+            policy_actor(policy, self.spec, self.ctx.device, deterministic)
+        eps, files = evaluate_with_video(self, act, episodes, seed, int(self.cfg.get("num_envs", 8)), video,
+                                         video_dir, video_size, on_batch=(lambda b: on_batch(len(b))) if on_batch else None)
+        summary = summarize(eps, self.spec.has_success)
+        rows = {label: summary}
+        extra: dict[str, Any] = {"per_episode": [e.__dict__ for e in eps]}
+        if files:
+            extra["videos"] = [str(f) for f in files]
+        metrics = {f"eval/{k}": v for k, v in summary.items()}
+        if len(self.spec.tasks) > 1 and eps:  # multi-task: one row per task, then the mean over tasks
+            per_task = summarize_by_task(eps, self.spec.tasks, self.spec.has_success)
+            mean = task_mean(per_task)
+            extra.update(per_task=per_task, task_mean=mean)
+            rows = {f"{label} · {task}": s for task, s in per_task.items()}
+            rows[f"{label} · mean over {len(per_task)} tasks"] = mean
+            metrics.update({f"eval/task/{task}/{k}": v for task, s in per_task.items() for k, v in s.items()})
+            metrics.update({f"eval/task_mean/{k}": v for k, v in mean.items()})
+        return Evaluation(summary, rows, metrics, extra)
+
+    def table(self, rows: dict[str, dict[str, float]], title: str) -> Any:
+        return eval_table(rows, title)
+
+    # -- datasets (sft) and demonstrations (collect) ----------------------------------------------
+    def dataset(self, path: str, val_fraction: float, seed: int) -> Any:
+        from rlinf_cli.collectors.datasets import EpisodeDataset
+
+        return EpisodeDataset(path, val_fraction, seed, self.ctx.device, (self.cfg.get("lerobot") or {}).get("features"))
+
+    def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> Any:
+        """The dataset writer ``format`` names: rlinf's own, or LeRobot v3.0 (rlinf_cli/data/lerobot.py)."""
+        from rlinf_cli.data.dataset import DatasetWriter
+
+        if self.cfg.get("format", "rlinf") == "lerobot":
+            from rlinf_cli.data.lerobot import writer_for
+
+            writer = writer_for(self.cfg, self.sim, provenance)
+        else:
+            writer = DatasetWriter(output, self.spec, provenance, chunk)
+        # appending continues after every seed tried before (kept or dropped by only_success)
+        writer.provenance["first_seed"] = writer.seed_after(int(self.cfg.seed) + writer.episodes_written)
+        return writer
+
+    def record(self, writer: Any, source: str, want: int, only_success: bool, progress: Any) -> list[Any]:
+        """Run ``source`` (random, expert or a checkpoint; with ``action_noise`` / ``epsilon``) on
+        fresh seeds and append the episodes it keeps to ``writer`` until ``want`` are kept."""
+        from rlinf_cli.collectors.datasets import EpisodeBuffer, with_noise
+
+        cfg, first_seed = self.cfg, writer.provenance["first_seed"]
+        act = with_noise(self.actor(source, bool(cfg.deterministic), int(cfg.seed)), self.spec,
+                         float(cfg.action_noise), float(cfg.epsilon), np.random.default_rng(int(cfg.seed)))
+        n = max(1, min(int(cfg.num_envs), want))
+        env = self.executor(act, n).make_vec_env(self.sim, n, autoreset=False)
+        kept: list[Any] = []
+        tried = 0
+        try:
+            while len(kept) < want:
+                if tried >= 20 * want:
+                    self.ctx.note(f"stopping: {tried} episodes tried, {len(kept)} kept "
+                                  f"(only_success=true and the policy rarely succeeds)")
+                    break
+                seeds = [first_seed + tried + i for i in range(n)]
+                buf = EpisodeBuffer(n)
+                stats = run_episodes(env, act, seeds, buf)
+                tried += n
+                writer.next_seed = first_seed + tried
+                for i, st in enumerate(stats):
+                    if len(kept) >= want or (only_success and not st.success_once):
+                        continue
+                    kept.append(buf.episode(i, seeds[i]))
+                    writer.add(kept[-1])
+                    progress.update(1, (f"success {np.mean([e.success.any() for e in kept]):.0%}  "
+                                        if self.spec.has_success else "")
+                                    + f"return {np.mean([e.rewards.sum() for e in kept]):.1f}")
+        finally:
+            env.close()
+        return kept
+
+    def demos_summary(self, kept: Sequence[Any]) -> dict[str, float]:
+        return summarize([EpisodeStats(float(e.rewards.sum()), len(e), bool(e.success.any()), bool(e.success[-1]))
+                          for e in kept], self.spec.has_success)
+
+    def describe(self) -> str:
+        return self.label
