@@ -98,7 +98,7 @@ def snapshot() -> dict[str, Any]:
         for option in options:
             spec = reg.specs(GROUP_TO_KIND[group]).get(option)
             providers[f"{group}={option}"] = f"{spec.package} {spec.version}" if spec else f"{DISTRIBUTION} {__version__}"
-    return {"version": __version__, "packages": {DISTRIBUTION: __version__, **dict(sorted(reg.plugin_versions().items()))},
+    return {"version": __version__, "packages": {DISTRIBUTION: __version__, **dict(sorted({s.package: s.version for s in reg.all_specs()}.items()))},
             "options_from": providers, "stages": stages, "groups": groups}
 
 
