@@ -156,7 +156,7 @@ def select_accelerator(name: str) -> Any:
             accel = spec.load()()
             if accel.is_available():
                 return accel
-        raise UserError("no accelerator plugin is available; install rlinf-accelerators")
+        raise UserError("no accelerator is available; `rlinf doctor` lists the backends and how to install each")
     accel = reg.load("accelerator", name)()
     if not accel.is_available():
         raise UserError(f"accelerator '{name}' is not usable here: {accel.describe()}. Use accelerator=auto or accelerator=cpu")
