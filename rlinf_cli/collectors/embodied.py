@@ -144,6 +144,9 @@ class EmbodiedCollector:
         self.runner: Any = None
         self.recent: list[EpisodeStats] = []  # the last 100 training episodes (rollout/return_mean_100)
         self._spec_rollout: Any = None
+        # running obs/reward statistics (runtime/normalize.py): the loaded checkpoint's (frozen),
+        # or the ones this `rl` run updates; None = no normalization
+        self.normalizer: Any = None
 
     @property
     def sim(self) -> Simulator:
@@ -172,9 +175,13 @@ class EmbodiedCollector:
 
         spec = spec or self.spec
         if source:
+            from rlinf_cli.runtime.normalize import Normalizer
+
             policy = load_policy(source, self.ctx.device)
             if check:
                 check_compatible(policy, spec, f"checkpoint '{source}'")
+            # a policy trained on normalized observations acts through its statistics, frozen
+            self.normalizer = Normalizer.load(source, policy.env_spec)
             return policy
         model = get_registry().get("model", model_node.name)
         if model.attrs.get("modality") == "text":
@@ -202,7 +209,42 @@ class EmbodiedCollector:
             return expert_actor(self.sim)
         policy = self.policy(source)
         policy.eval()
-        return policy_actor(policy, self.spec, self.ctx.device, deterministic)
+        return self._policy_actor(policy, deterministic)
+
+    def _policy_actor(self, policy: Any, deterministic: bool) -> Callable:
+        """``act`` for a policy, fed observations normalized by the current statistics (frozen)."""
+        act = policy_actor(policy, self.spec, self.ctx.device, deterministic)
+        return act if self.normalizer is None else self.normalizer.actor(act)
+
+    def _start_normalizer(self, num_envs: int, resumed: bool) -> list[str]:
+        """The statistics this run updates: continued from the checkpoint it starts from, or new."""
+        from rlinf_cli.runtime.normalize import NormalizeConfig, Normalizer
+
+        want = NormalizeConfig.from_env(self.cfg.get("env"))
+        loaded = self.normalizer
+        if loaded is not None:
+            have = loaded.config
+            if not want.enabled:
+                import dataclasses
+
+                loaded.config = dataclasses.replace(have, reward=False)  # rewards stay as they are
+                return ["normalization: env.normalize_obs/normalize_reward are off; the checkpoint's statistics "
+                        "are used frozen (its policy was trained on normalized observations)"]
+            if (have.obs, have.reward) != (want.obs, want.reward):
+                raise UserError(f"the checkpoint was trained with env.normalize_obs={str(have.obs).lower()} "
+                                f"env.normalize_reward={str(have.reward).lower()}; continue it with the same settings")
+            self.normalizer = loaded.continue_training(want, num_envs)
+            return ["normalization: continuing the checkpoint's running statistics"]
+        if not want.enabled:
+            return []
+        if self.cfg.get("init") and not resumed and want.obs:
+            raise UserError(f"init={self.cfg.init} has no observation statistics (it was not trained with "
+                            f"env.normalize_obs=true): its policy expects raw observations; set env.normalize_obs=false")
+        self.normalizer = Normalizer(self.spec, want, num_envs)
+        keys = self.normalizer.keys
+        return [f"normalization: observations {keys if keys else '(no float entries)'}" if want.obs else
+                "normalization: rewards only"] + (["normalization: rewards scaled by the std of the discounted return"]
+                                                  if want.obs and want.reward else [])
 
     def executor(self, act: Callable | None = None, num_envs: int | None = None) -> Executor:
         if self._executor is None:
@@ -227,6 +269,16 @@ class EmbodiedCollector:
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
         overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
+        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0)
+        if self.normalizer is not None:
+            if overlap:
+                raise UserError("runtime.overlap_update=true collects in another process, which cannot share the running "
+                                "normalization statistics; set runtime.overlap_update=false or env.normalize_obs/"
+                                "normalize_reward=false")
+            if saved is not None and "norm_returns" in saved and len(saved["norm_returns"]) == num_envs:
+                self.normalizer.returns[:] = saved["norm_returns"]
+            if world > 1:
+                self.normalizer.track_ranks()
         if saved is not None and "recent" in saved:
             self.recent = [EpisodeStats(float(r), int(n), bool(s), bool(e)) for r, n, s, e in saved["recent"]]
         if overlap:  # the next rollout is collected in another process during the update
@@ -244,7 +296,7 @@ class EmbodiedCollector:
         self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
         notes.append(f"runtime: {executor.describe()}")
         if spec.kind == "steps":
-            self.runner = Runner(self._env, policy, self.ctx.device)
+            self.runner = Runner(self._env, policy, self.ctx.device, self.normalizer)
             if saved is not None and "streams" in saved and self.spec.replayable:
                 self.runner.restore(saved)
             else:
@@ -263,6 +315,8 @@ class EmbodiedCollector:
         else:
             raise UserError(f"algorithm '{algo.name}' learns from rollout='{spec.kind}', which `rlinf rl` cannot "
                             f"collect on an embodied simulator yet")
+        if self.normalizer is not None and self._world > 1:
+            self.normalizer.sync()  # every rank's new observations, merged: the same statistics everywhere
         self.recent = (self.recent + exp.episodes)[-100:]
         return exp
 
@@ -270,8 +324,10 @@ class EmbodiedCollector:
         spec = self._spec_rollout
         seeds = training_seeds(int(self.cfg.seed), iteration * self._world + self._rank, spec.groups)
         recorder = EpisodeRecorder()
+        norm = self.normalizer  # group rollouts: observations only (a group compares whole-episode returns)
+        transform = (lambda o: norm.observe(o, True)) if norm is not None else None
         episodes = run_episodes(self._env, policy_actor(policy, self.spec, self.ctx.device, False),
-                                [s for s in seeds for _ in range(spec.group_size)], recorder)
+                                [s for s in seeds for _ in range(spec.group_size)], recorder, transform=transform)
         exp = recorder.to_experience(episodes, spec.group_size, self.ctx.device)
         keep = algo.filter_groups(exp.episode_returns)
         if keep is not None:  # dropped groups stay in the batch with no weight
@@ -347,7 +403,14 @@ class EmbodiedCollector:
         out = dict(self.runner.state()) if isinstance(self.runner, Runner) else {}
         out["recent"] = np.array([[e.ret, e.length, e.success_once, e.success_at_end] for e in self.recent],
                                  dtype=np.float64).reshape(-1, 4)
+        if self.normalizer is not None and not self.normalizer.frozen:
+            out["norm_returns"] = self.normalizer.returns.copy()  # this rank's running discounted returns
         return out
+
+    def save_files(self, directory: Any) -> None:
+        """Files a checkpoint holds besides the policy (rank 0 writes them): the normalization statistics."""
+        if self.normalizer is not None:
+            self.normalizer.save(directory)
 
     def close(self) -> None:
         if self._env is not None:
@@ -393,7 +456,7 @@ class EmbodiedCollector:
         from rlinf_cli.collectors.videos import evaluate_with_video
 
         act = self.actor(policy, deterministic, seed) if isinstance(policy, str) else \
-            policy_actor(policy, self.spec, self.ctx.device, deterministic)
+            self._policy_actor(policy, deterministic)
         eps, files = evaluate_with_video(self, act, episodes, seed, int(self.cfg.get("num_envs", 8)), video,
                                          video_dir, video_size, on_batch=(lambda b: on_batch(len(b))) if on_batch else None)
         summary = summarize(eps, self.spec.has_success)

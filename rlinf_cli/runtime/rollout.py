@@ -85,10 +85,14 @@ class Runner:
     # steps it is not logged, and a resume starts that env on a fresh episode instead
     MAX_REPLAY_STEPS = 100_000
 
-    def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu"):
+    def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu", normalizer: Any = None):
         self.env = env
         self.policy = policy
         self.device = torch.device(device)
+        # running obs/reward normalization (rlinf_cli/runtime/normalize.py): the policy acts on,
+        # and the experience holds, normalized observations and scaled rewards; the episode
+        # statistics and the action logs stay in the env's own units
+        self.normalizer = normalizer
         self.spec = env.spec
         self.obs: Obs | None = None
         n = env.num_envs
@@ -172,7 +176,8 @@ class Runner:
             self._collect_sync(num_steps, buf)
         self._log_actions(buf.actions, buf.dones)
         policy = self.policy
-        last_value = policy.get_value(obs_to_torch(self.obs, dev)) if policy.has_critic else torch.zeros(n, device=dev)
+        last_value = policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if policy.has_critic \
+            else torch.zeros(n, device=dev)
         stats = buf.stats
         steps = float(num_steps)
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
@@ -181,7 +186,12 @@ class Runner:
                           torch.ones((num_steps, n), device=dev), last_value, episodes=buf.episodes,
                           env_steps=num_steps * n, stats=stats)
 
+    def _seen(self, obs: Obs, update: bool = False) -> Obs:
+        """What the policy sees of ``obs`` (normalized when the run normalizes observations)."""
+        return obs if self.normalizer is None else self.normalizer.observe(obs, update)
+
     def _act(self, buf: "_StepBuffers", t: int, obs: Obs, lo: int, hi: int) -> np.ndarray:
+        obs = self._seen(obs, update=True)
         o = obs_to_torch(obs, self.device)
         out = self.policy.act(o)
         if buf.np is not None:  # CPU: write through numpy views (a fraction of a torch index-put's cost)
@@ -199,15 +209,16 @@ class Runner:
 
     def _record(self, buf: "_StepBuffers", t: int, sb: StepBatch, lo: int, hi: int) -> None:
         ended = sb.terminated | sb.truncated
+        reward = sb.reward if self.normalizer is None else self.normalizer.reward(sb.reward, ended, lo)
         if buf.np is not None:
-            buf.np["rewards"][t, lo:hi] = sb.reward
+            buf.np["rewards"][t, lo:hi] = reward
             buf.np["dones"][t, lo:hi] = ended
         else:
-            buf.rewards[t, lo:hi] = torch.from_numpy(sb.reward)
+            buf.rewards[t, lo:hi] = torch.from_numpy(reward)
             buf.dones[t, lo:hi] = torch.from_numpy(ended.astype(np.float32))
         cut = sb.truncated & ~sb.terminated
         if self.policy.has_critic and sb.final_obs is not None and cut.any():
-            v_final = self.policy.get_value(obs_to_torch(sb.final_obs, self.device))
+            v_final = self.policy.get_value(obs_to_torch(self._seen(sb.final_obs), self.device))
             buf.trunc_values[t, lo:hi] = v_final * torch.from_numpy(cut.astype(np.float32)).to(self.device)
         buf.episodes.extend(self.tracker.update(sb, lo))
         for k, v in sb.stats.items():
@@ -268,11 +279,13 @@ def run_episodes(
     seeds: Sequence[int],
     recorder: Recorder | None = None,
     max_steps: int | None = None,
+    transform: Callable[[Obs], Obs] | None = None,
 ) -> list[EpisodeStats]:
     """Run one episode per env (``env`` must not auto-reset); returns per-env stats in env order.
 
     ``act(obs) -> (policy_output, env_action)``. Episodes still running after ``max_steps``
-    (default: the spec's ``max_episode_steps``) count as truncated.
+    (default: the spec's ``max_episode_steps``) count as truncated. ``transform(obs)``: what the
+    policy and the recorder see instead of the env's observations (running normalization).
     """
     n = env.num_envs
     obs = env.reset(seeds)
@@ -285,10 +298,11 @@ def run_episodes(
     success_last = np.zeros(n, dtype=bool)
     limit = max_steps or env.spec.max_episode_steps
     for t in range(limit):
-        out, action = act(obs)
+        seen = obs if transform is None else transform(obs)
+        out, action = act(seen)
         sb = env.step(action)
         if recorder is not None:
-            recorder(t, obs, out, action, sb, alive.copy())
+            recorder(t, seen, out, action, sb, alive.copy())
         ret += np.where(alive, sb.reward, 0.0)
         length += alive
         success_once |= sb.success & alive
