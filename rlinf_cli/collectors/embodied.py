@@ -75,6 +75,60 @@ def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray
     return act
 
 
+_M64 = (1 << 64) - 1
+
+
+def _rng_state(rng: np.random.Generator) -> np.ndarray:
+    """A PCG64 generator's state as int64 words (for a checkpoint)."""
+    s = rng.bit_generator.state
+    st, inc = int(s["state"]["state"]), int(s["state"]["inc"])
+    words = np.array([st >> 64, st & _M64, inc >> 64, inc & _M64, s["has_uint32"], s["uinteger"]], np.uint64)
+    return words.view(np.int64)
+
+
+def _rng_from(words: np.ndarray) -> np.random.Generator:
+    w = [int(x) for x in np.asarray(words, np.int64).view(np.uint64)]
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+                               "has_uint32": w[4], "uinteger": w[5]}
+    return rng
+
+
+def demo_buffer(path: str, spec: EnvSpec, keys: list[str]) -> Any:
+    """An `rlinf collect` dataset as a replay buffer of demonstrations (never overwritten).
+
+    The dataset keeps the observation before each step; the next one is the following row of the
+    same episode. An episode's last step needs none when it terminated (no bootstrap); a last step
+    cut by a time limit has no recorded next observation and is left out.
+    """
+    from rlinf_cli.data import dataset as ds
+    from rlinf_cli.runtime.replay import ReplayBuffer
+
+    data = ds.load(path)
+    missing = [k for k in keys if k not in data.spec.observation]
+    if missing:
+        raise UserError(f"demos={path} has no observation {missing}; the policy reads {keys}")
+    for k in keys:
+        if tuple(data.spec.observation[k].shape) != tuple(spec.observation[k].shape):
+            raise UserError(f"demos={path}: observation '{k}' has shape {tuple(data.spec.observation[k].shape)}, "
+                            f"the simulator's {tuple(spec.observation[k].shape)}; were they collected on another task?")
+    if data.spec.discrete != spec.discrete or tuple(data.spec.action.shape) != tuple(spec.action.shape):
+        raise UserError(f"demos={path} holds actions of another shape than this simulator's")
+    n = len(data.rewards)
+    last = np.r_[data.episode[1:] != data.episode[:-1], True]
+    term = data.terminated if data.terminated is not None else np.zeros(n, bool)
+    keep = ~last | (last & term)
+    nxt_idx = np.minimum(np.arange(n) + 1, n - 1)
+    nxt_idx[last] = np.flatnonzero(last)  # terminated: any observation will do (it is not bootstrapped)
+    rows = np.flatnonzero(keep)
+    if not len(rows):
+        raise UserError(f"demos={path} holds no usable transitions (every episode is one step cut by a time limit)")
+    buf = ReplayBuffer(spec, keys, len(rows), what="demonstration buffer")
+    buf.add({k: data.obs[k][rows] for k in keys}, data.actions[rows], data.rewards[rows].astype(np.float32),
+            {k: data.obs[k][nxt_idx[rows]] for k in keys}, (term & last)[rows])
+    return buf
+
+
 # -- summaries and tables ----------------------------------------------------------------------
 def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dict[str, float]:
     """Mean/std return, success rates (only where the simulator reports success), mean length."""
@@ -295,7 +349,9 @@ class EmbodiedCollector:
             return notes + ["runtime: rollouts overlap the update in a separate process (one policy version behind)"]
         self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
         notes.append(f"runtime: {executor.describe()}")
-        if spec.kind == "steps":
+        if spec.kind == "transitions":
+            notes += self._start_replay(policy, spec, saved)
+        if spec.kind in ("steps", "transitions"):
             self.runner = Runner(self._env, policy, self.ctx.device, self.normalizer)
             if saved is not None and "streams" in saved and self.spec.replayable:
                 self.runner.restore(saved)
@@ -310,6 +366,11 @@ class EmbodiedCollector:
         spec = self._spec_rollout
         if spec.kind == "steps":
             exp = self.runner.collect_steps(spec.steps)
+        elif spec.kind == "transitions":
+            warm = self.replay.added < spec.warmup_steps
+            exp = self.runner.collect_steps(spec.steps, sink=self._add_transitions,
+                                            explore=self._random_actions if warm else None)
+            exp.stats["replay_size"] = float(len(self.replay))
         elif spec.kind == "episodes":
             exp = self._collect_groups(policy, algo, iteration)
         else:
@@ -319,6 +380,73 @@ class EmbodiedCollector:
             self.normalizer.sync()  # every rank's new observations, merged: the same statistics everywhere
         self.recent = (self.recent + exp.episodes)[-100:]
         return exp
+
+    # -- transitions (off-policy) ----------------------------------------------------------------
+    def _start_replay(self, policy: Any, spec: Any, saved: dict[str, np.ndarray] | None) -> list[str]:
+        """The replay buffer (restored from ``saved``) and the demonstrations of ``demos=``."""
+        from rlinf_cli.runtime.replay import ReplayBuffer
+
+        keys = [k for k in policy.observation_keys]
+        self.replay = ReplayBuffer(self.spec, keys, spec.buffer_size)
+        self._rng = np.random.default_rng([int(self.cfg.seed), self._rank, 17])  # warm-up actions
+        notes = [f"replay buffer: {spec.buffer_size:,} transitions, {self.replay.nbytes / 2**20:,.0f} MiB"]
+        if saved is not None:
+            if self.replay.load(saved):
+                if "replay_rng" in saved:  # the warm-up's random actions continue their stream
+                    self._rng = _rng_from(saved["replay_rng"])
+                notes.append(f"replay buffer restored: {len(self.replay):,} transitions")
+            else:
+                notes.append("resume: the checkpoint holds no replay buffer; it refills from the resumed run")
+        self.demos = None
+        source = self.cfg.get("demos")
+        if source:
+            self.demos = demo_buffer(str(source), self.spec, keys)
+            notes.append(f"demonstrations: {len(self.demos):,} transitions from {source}; "
+                         f"{spec.demo_fraction:.0%} of every batch")
+            if spec.demo_fraction <= 0:
+                raise UserError(f"demos={source} is given but the algorithm draws no share of its batches from "
+                                f"demonstrations (algo.demo_fraction=0); set it, e.g. algo.demo_fraction=0.5")
+        return notes
+
+    def _random_actions(self, obs: Any) -> np.ndarray:
+        return random_actor(self.spec, self._rng)(obs)[1]
+
+    def _add_transitions(self, obs: Any, actions: np.ndarray, sb: StepBatch) -> None:
+        nxt = sb.obs
+        ended = sb.terminated | sb.truncated
+        if sb.final_obs is not None and ended.any():  # the env auto-reset: the transition ends in the final obs
+            nxt = {k: np.where(ended.reshape(-1, *([1] * (nxt[k].ndim - 1))), sb.final_obs[k], nxt[k])
+                   for k in self.replay.keys}
+        self.replay.add(obs, actions, sb.reward, nxt, sb.terminated)
+
+    def collected(self) -> int:
+        """Transitions this rank has added to its replay buffer (restored on resume)."""
+        return int(self.replay.added)
+
+    def sample(self, algo: Algorithm, generator: torch.Generator) -> Any:
+        """One :class:`TransitionBatch`: ``batch_size`` transitions, ``demo_fraction`` of them from
+        the demonstrations (RLPD's symmetric sampling), normalized by the current statistics."""
+        from rlinf_cli.algorithm import TransitionBatch
+        from rlinf_cli.policy import obs_to_torch
+
+        spec = self._spec_rollout
+        n_demo = int(round(spec.batch_size * spec.demo_fraction)) if self.demos is not None else 0
+        parts = [self.replay.sample(spec.batch_size - n_demo, generator)]
+        if n_demo:
+            parts.append(self.demos.sample(n_demo, generator))
+        cat = (lambda key: np.concatenate([p[key] for p in parts])) if n_demo else (lambda key: parts[0][key])
+        obs = {k: np.concatenate([p["obs"][k] for p in parts]) for k in parts[0]["obs"]}
+        nxt = {k: np.concatenate([p["next_obs"][k] for p in parts]) for k in parts[0]["next_obs"]}
+        rewards = cat("rewards")
+        if self.normalizer is not None:
+            obs, nxt = self.normalizer.observe(obs, update=False), self.normalizer.observe(nxt, update=False)
+            rewards = self.normalizer.scale_rewards(rewards)
+        dev = self.ctx.device
+        demo = np.zeros(spec.batch_size, np.float32)
+        demo[spec.batch_size - n_demo:] = 1.0
+        f = lambda x: torch.as_tensor(np.asarray(x, np.float32), device=dev)  # noqa: E731
+        return TransitionBatch(obs_to_torch(obs, dev), torch.as_tensor(cat("actions"), device=dev), f(rewards),
+                               obs_to_torch(nxt, dev), f(cat("terminated")), f(demo))
 
     def _collect_groups(self, policy: Any, algo: Algorithm, iteration: int) -> Experience:
         spec = self._spec_rollout
@@ -405,6 +533,9 @@ class EmbodiedCollector:
                                  dtype=np.float64).reshape(-1, 4)
         if self.normalizer is not None and not self.normalizer.frozen:
             out["norm_returns"] = self.normalizer.returns.copy()  # this rank's running discounted returns
+        if getattr(self, "replay", None) is not None:
+            out.update(self.replay.state())
+            out["replay_rng"] = _rng_state(self._rng)
         return out
 
     def save_files(self, directory: Any) -> None:

@@ -100,6 +100,8 @@ class Runner:
         self.streams = np.zeros(n, dtype=np.int64)
         self.episodes = np.zeros(n, dtype=np.int64)
         self._actions: list[list[np.ndarray]] = [[] for _ in range(n)]  # env actions since each episode began
+        self._sink: Callable[..., None] | None = None
+        self._explore: Callable[[Obs], np.ndarray] | None = None
 
     def reset(self, seeds: Sequence[int]) -> None:
         self.obs = self.env.reset(seeds)
@@ -159,14 +161,20 @@ class Runner:
                 self._actions[i] = []  # too long to replay; state() marks it
 
     @torch.no_grad()
-    def collect_steps(self, num_steps: int) -> Experience:
+    def collect_steps(self, num_steps: int, sink: Callable[..., None] | None = None,
+                      explore: Callable[[Obs], np.ndarray] | None = None) -> Experience:
         """``num_steps`` steps of every env, laid out [T, N].
 
         When the env exposes pipeline groups (``runtime.mode=hybrid``), each group is stepped
         on its own: the policy acts on group g as soon as its observations arrive, while the
         workers still simulate the other groups. The layout and bookkeeping are the same.
+
+        ``transitions`` rollouts: ``sink(obs, env_actions, sb)`` receives every step of every env
+        group in the env's own units (raw observations and rewards, ``sb.final_obs`` where an
+        episode ended); ``explore(obs) -> env actions`` replaces the policy (random warm-up).
         """
         assert self.obs is not None, "call reset() first"
+        self._sink, self._explore = sink, explore
         n, dev = self.env.num_envs, self.device
         buf = _StepBuffers(self.spec, num_steps, n, dev)
         groups = getattr(self.env, "pipeline_groups", None)
@@ -191,6 +199,11 @@ class Runner:
         return obs if self.normalizer is None else self.normalizer.observe(obs, update)
 
     def _act(self, buf: "_StepBuffers", t: int, obs: Obs, lo: int, hi: int) -> np.ndarray:
+        if self._explore is not None:  # warm-up: no policy (log-probs and values stay 0)
+            self._seen(obs, update=True)  # the statistics still see what the envs show
+            a = self._explore(obs)
+            buf.actions[t, lo:hi] = torch.from_numpy(np.asarray(a))
+            return a
         obs = self._seen(obs, update=True)
         o = obs_to_torch(obs, self.device)
         out = self.policy.act(o)
@@ -227,23 +240,31 @@ class Runner:
     def _collect_sync(self, num_steps: int, buf: "_StepBuffers") -> None:
         obs, n = self.obs, self.env.num_envs
         for t in range(num_steps):
-            sb = self.env.step(self._act(buf, t, obs, 0, n))
+            action = self._act(buf, t, obs, 0, n)
+            sb = self.env.step(action)
             self._record(buf, t, sb, 0, n)
+            if self._sink is not None:
+                self._sink(obs, action, sb)
             obs = sb.obs
         self.obs = obs
 
     def _collect_pipelined(self, num_steps: int, buf: "_StepBuffers", groups: Sequence[tuple[int, int]]) -> None:
         env = self.env
         obs = [{k: v[lo:hi] for k, v in self.obs.items()} for lo, hi in groups]
+        sent: list[np.ndarray] = []
         for g, (lo, hi) in enumerate(groups):
-            env.step_group_async(g, self._act(buf, 0, obs[g], lo, hi))
+            sent.append(self._act(buf, 0, obs[g], lo, hi))
+            env.step_group_async(g, sent[g])
         for t in range(num_steps):
             for g, (lo, hi) in enumerate(groups):
                 sb = env.step_group_wait(g)
                 self._record(buf, t, sb, lo, hi)
+                if self._sink is not None:
+                    self._sink(obs[g], sent[g], sb)
                 obs[g] = sb.obs
                 if t + 1 < num_steps:  # act on this group while the others are still simulated
-                    env.step_group_async(g, self._act(buf, t + 1, obs[g], lo, hi))
+                    sent[g] = self._act(buf, t + 1, obs[g], lo, hi)
+                    env.step_group_async(g, sent[g])
         self.obs = {k: np.concatenate([o[k] for o in obs]) for k in self.obs}
 
 
