@@ -72,6 +72,13 @@ def setup(cfg: Any) -> Run:
     from rlinf_cli.runtime.engine import make_engine, setup_ranks
 
     algo = common.load_algorithm(cfg, "rl")
+    if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must sample it
+        from rlinf_cli.data.dataset import read_meta
+
+        if algo.rollout != "transitions":
+            raise UserError(f"demos= seeds the replay buffer of off-policy algorithms (algo=sac); '{cfg.algo.name}' "
+                            f"learns from rollout='{algo.rollout}' (for demonstrations, use `rlinf sft` then rl init=)")
+        read_meta(Path(str(cfg.demos)))
     resume_dir = Path(cfg.resume) if cfg.resume else None
     accel = common.select_accelerator(cfg.accelerator.name)
     rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
