@@ -86,9 +86,9 @@ def setup(cfg: Any) -> Run:
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
     collector = collectors.make(cfg, ctx)
     collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
+    algo.check(collector.spec)
     policy = collector.policy(cfg.resume or cfg.init, model_config(cfg, algo))
     collector.prepare_rl(policy, cfg)
-    algo.check(collector.spec)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
     if algo.uses_q and not getattr(policy, "has_q", False):
