@@ -57,7 +57,7 @@ def sb3_worker(args: argparse.Namespace) -> None:
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", []):
                 if "episode" in info:
-                    curve.append((int(self.num_timesteps), float(info["episode"]["r"])))
+                    curve.append((int(self.num_timesteps), float(info["episode"]["r"]), 1.0))
             return True
 
     vecnorm = None
@@ -135,13 +135,24 @@ def run_rlinf(args: argparse.Namespace, task: str, algo: str, seed: int) -> dict
         result = json.loads(Path(tmp, "run", "result.json").read_text())
     train_s = sum(m.get("time/rollout_s", 0.0) + m.get("time/update_s", 0.0) for m in lines)
     cpu_s = sum(m.get("time/cpu_s", 0.0) for m in lines)
-    curve = [(int(m["env_steps"]), float(m["rollout/return_mean"])) for m in lines
+    curve = [(int(m["env_steps"]), float(m["rollout/return_mean"]), float(m.get("rollout/episodes", 1.0))) for m in lines
              if "rollout/return_mean" in m and "env_steps" in m]
     return {"env_steps": int(result["env_steps"]), "train_s": train_s, "cpu_s": cpu_s,
             "return": float(result["eval"]["return_mean"]), "curve": curve}
 
 
 # -- report -----------------------------------------------------------------------------------------
+def binned(curve: list, total: int, bins: int = 20) -> tuple[list[float], list[float]]:
+    """Mean episode return per env-step bin (points are (step, mean return, episodes))."""
+    sums, counts = [0.0] * bins, [0.0] * bins
+    for step, ret, n in curve:
+        b = min(int(step * bins / max(total, 1)), bins - 1)
+        sums[b] += ret * n
+        counts[b] += n
+    xs = [(b + 0.5) * total / bins for b in range(bins) if counts[b]]
+    return xs, [sums[b] / counts[b] for b in range(bins) if counts[b]]
+
+
 def plot(task: str, runs: dict[str, list[dict]], out: Path) -> Path | None:
     try:
         import matplotlib
@@ -156,11 +167,11 @@ def plot(task: str, runs: dict[str, list[dict]], out: Path) -> Path | None:
         for lib, color in (("sb3", "tab:blue"), ("rlinf", "tab:orange")):
             for i, r in enumerate(runs.get(f"{task} {algo} {lib}", [])):
                 if r["curve"]:
-                    x, y = zip(*r["curve"])
-                    ax.plot(x, y, color=color, alpha=0.8, lw=1, label=lib if i == 0 else None)
+                    x, y = binned(r["curve"], r["env_steps"])
+                    ax.plot(x, y, color=color, alpha=0.8, lw=1.5, marker=".", label=lib if i == 0 else None)
         ax.set_title(f"{task} {algo.upper()}")
         ax.set_xlabel("env steps")
-        ax.set_ylabel("training episode return")
+        ax.set_ylabel("training episode return (mean per bin)")
         ax.legend()
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)

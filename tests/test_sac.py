@@ -131,3 +131,19 @@ def test_sac_learns_pendulum(workdir):
     final = json.loads((workdir / "p/result.json").read_text())["eval"]["return_mean"]
     assert first < -700, first  # where it starts: random actions
     assert final > -400 and final > first + 500, (first, final)
+
+
+def test_sac_runs_the_same_with_envs_in_worker_processes_and_with_normalization(workdir):
+    """The transitions path is the runtime's shared one: envs in worker processes give the numbers
+    of envs in this process; the pipelined (hybrid) mode and running normalization work with it."""
+    args = [*PENDULUM, "num_envs=2", "algo.rollout_steps=4", "algo.warmup_steps=16", "algo.minibatch_size=16",
+            "algo.buffer_size=500", "model.hidden_sizes=[16,16]", "total_steps=64", "eval.episodes=1",
+            "runtime.env_workers=2"]
+    _run("rl", *args, "runtime.mode=collocated", "run_dir=c")
+    _run("rl", *args, "runtime.mode=disaggregated", "run_dir=d")
+    learning = lambda rows: [{k: v for k, v in r.items() if "transport/" not in k} for r in rows]  # noqa: E731
+    assert learning(_metrics(workdir / "c")) == learning(_metrics(workdir / "d"))
+    _run("rl", *args, "runtime.mode=hybrid", "env.normalize_obs=true", "env.normalize_reward=true", "run_dir=h")
+    rows = _metrics(workdir / "h")
+    assert rows[-2]["rollout/replay_size"] == 64 and np.isfinite(rows[-2]["train/critic_loss"])
+    assert (workdir / "h/checkpoints/final/normalizer.safetensors").is_file()
