@@ -32,7 +32,7 @@ from rlinf_cli.errors import UserError
 
 @dataclass(frozen=True)
 class SACConfig(TrainConfig):
-    rollout_steps: int = 1  # env steps per env per iteration (then the gradient steps)
+    rollout_steps: int = 8  # env steps per env per iteration (then the gradient steps)
     buffer_size: int = 1_000_000  # replay capacity in transitions (per rank)
     warmup_steps: int = 5_000  # env steps with uniform random actions before learning starts
     utd: float = 1.0  # gradient steps per env step (update-to-data ratio)
