@@ -147,3 +147,32 @@ def test_sac_runs_the_same_with_envs_in_worker_processes_and_with_normalization(
     rows = _metrics(workdir / "h")
     assert rows[-2]["rollout/replay_size"] == 64 and np.isfinite(rows[-2]["train/critic_loss"])
     assert (workdir / "h/checkpoints/final/normalizer.safetensors").is_file()
+
+
+def test_random_shift_moves_whole_images_and_keeps_uint8():
+    from rlinf_algos.sac import random_shift
+
+    torch.manual_seed(0)
+    img = torch.randint(0, 256, (32, 12, 10, 3), dtype=torch.uint8)
+    out = random_shift(img, 2)
+    assert out.dtype == torch.uint8 and out.shape == img.shape
+    assert torch.equal(random_shift(img, 0), img)
+    rows, cols = torch.arange(12), torch.arange(10)
+    for i in range(32):  # every sample is its own image under one shift in [-2, 2] x [-2, 2]
+        fits = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                if torch.equal(out[i], img[i][(rows + dy).clamp(0, 11)][:, (cols + dx).clamp(0, 9)])]
+        assert fits
+    assert not all(torch.equal(out[i], img[i]) for i in range(32))  # and the shifts vary
+
+
+def test_sac_on_pixels_with_random_shift(workdir):
+    _run("rl", "sim=gymnasium", "sim.env_id=InvertedPendulum-v5", "sim.obs=rgb", "sim.image_size=32",
+         "model.obs_keys=[rgb]", "algo=sac", "algo.image_shift=2", "num_envs=2", "algo.rollout_steps=8",
+         "algo.warmup_steps=16", "algo.minibatch_size=16", "algo.buffer_size=200", "model.hidden_sizes=[16,16]",
+         "total_steps=64", "eval.episodes=1", "tracking.enabled=false", "progress=false", "run_dir=px")
+    rows = _metrics(workdir / "px")
+    assert rows[-2]["train/gradient_steps"] == 16 and np.isfinite(rows[-2]["train/critic_loss"])
+    from safetensors.torch import load_file
+
+    saved = load_file(str(workdir / "px/checkpoints/final/env_state.safetensors"))
+    assert saved["rank0.replay.obs.rgb"].dtype == torch.uint8  # pixels kept as uint8 in the checkpoint too

@@ -6,6 +6,9 @@
 - Automatic entropy temperature: alpha is learned so that the policy's entropy tracks
   ``target_entropy`` (default: minus the action dimension).
 - ``utd``: gradient steps per collected env step (the update-to-data ratio).
+- Pixels: ``image_shift`` > 0 shifts every image of a batch by up to that many pixels (DrQ's random
+  shift, Kostrikov et al., 2020: pad by repeating the border, crop at a random offset), drawn
+  independently for the observation and the next observation.
 - From demonstrations (``rlinf rl algo=sac demos=<dataset>``): every batch draws
   ``demo_fraction`` of its transitions from the demonstrations (RLPD's symmetric sampling, Ball
   et al., 2023), and ``bc_coef`` > 0 adds a behaviour-cloning term on them (the log-likelihood of
@@ -43,6 +46,7 @@ class SACConfig(TrainConfig):
     init_temperature: float = 1.0  # initial entropy temperature alpha
     demo_fraction: float = 0.5  # with demos=: share of every batch drawn from the demonstrations
     bc_coef: float = 0.0  # with demos=: weight of a behaviour-cloning term on the demonstrations
+    image_shift: int = 0  # pixels: random-shift augmentation of image observations by up to this many pixels (DrQ: 4)
     max_grad_norm: float | None = None  # SAC is usually run without clipping
     minibatch_size: int = 256  # transitions per gradient step
     epochs: int = 1  # unused (gradient steps come from utd)
@@ -53,8 +57,8 @@ class SACConfig(TrainConfig):
             raise ValueError("rollout_steps and buffer_size must be >= 1 and warmup_steps >= 0")
         if self.utd <= 0 or not 0.0 < self.tau <= 1.0 or not 0.0 < self.gamma <= 1.0:
             raise ValueError("utd must be > 0, tau in (0, 1] and gamma in (0, 1]")
-        if self.q_heads < 1 or not 0.0 <= self.demo_fraction < 1.0 or self.bc_coef < 0:
-            raise ValueError("q_heads must be >= 1, demo_fraction in [0, 1) and bc_coef >= 0")
+        if self.q_heads < 1 or not 0.0 <= self.demo_fraction < 1.0 or self.bc_coef < 0 or self.image_shift < 0:
+            raise ValueError("q_heads must be >= 1, demo_fraction in [0, 1), bc_coef >= 0 and image_shift >= 0")
 
 
 class SAC(Algorithm):
@@ -92,6 +96,8 @@ class SAC(Algorithm):
 
     def transition_loss(self, policy: Any, b: TransitionBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config
+        if c.image_shift:
+            b = b._replace(obs=augment(b.obs, c.image_shift), next_obs=augment(b.next_obs, c.image_shift))
         log_alpha = policy.log_alpha
         alpha = log_alpha.detach().exp()
         with torch.no_grad():
@@ -118,3 +124,21 @@ class SAC(Algorithm):
 
     def after_step(self, policy: Any) -> None:
         policy.update_targets(self.config.tau)
+
+
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """[B, H, W, C] images, each shifted by a random offset in [-pad, pad] per axis; pixels moved in
+    from outside repeat the border (replicate padding). Keeps the dtype (uint8 stays uint8)."""
+    n, h, w = images.shape[:3]
+    dy = torch.randint(-pad, pad + 1, (n, 1), device=images.device)
+    dx = torch.randint(-pad, pad + 1, (n, 1), device=images.device)
+    rows = (torch.arange(h, device=images.device) + dy).clamp_(0, h - 1)  # [B, H]
+    cols = (torch.arange(w, device=images.device) + dx).clamp_(0, w - 1)  # [B, W]
+    b = torch.arange(n, device=images.device)[:, None, None]
+    return images[b, rows[:, :, None], cols[:, None, :]]
+
+
+def augment(obs: dict[str, Any], pad: int) -> dict[str, Any]:
+    """Random shift of every image entry ([B, H, W, C] uint8) of an observation batch."""
+    return {k: random_shift(v, pad) if isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 4 else v
+            for k, v in obs.items()}
