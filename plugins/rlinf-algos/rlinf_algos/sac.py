@@ -11,8 +11,9 @@
   independently for the observation and the next observation.
 - From demonstrations (``rlinf rl algo=sac demos=<dataset>``): every batch draws
   ``demo_fraction`` of its transitions from the demonstrations (RLPD's symmetric sampling, Ball
-  et al., 2023), and ``bc_coef`` > 0 adds a behaviour-cloning term on them (the log-likelihood of
-  the demonstrated actions under the actor).
+  et al., 2023), and ``bc_coef`` > 0 adds a behaviour-cloning term on them (squared error of the
+  actor's mean action, as in TD3+BC: the log-likelihood would shrink the action std against the
+  entropy temperature).
 
 The three losses have disjoint parameters (Q heads; actor; temperature: the actor's loss reads
 the Q heads through detached weights), so one backward and one optimizer step of the core's
@@ -113,10 +114,12 @@ class SAC(Algorithm):
         loss = critic_loss + actor_loss + alpha_loss
         stats = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "alpha": alpha,
                  "entropy": -logp.detach().mean(), "q_mean": q.detach().mean()}
-        if c.bc_coef > 0:
+        if c.bc_coef > 0:  # squared error of the actor's mean action on the demonstrations (TD3+BC-style):
+            # unlike their log-likelihood, it leaves the action std to the entropy temperature
             demo = b.demo
             n = demo.sum().clamp_min(1.0)
-            bc = -(policy.evaluate(b.obs, b.actions).logprob * demo).sum() / n
+            err = ((policy.mean_action(b.obs) - b.actions.float()) ** 2).sum(-1)
+            bc = (err * demo).sum() / n
             loss = loss + c.bc_coef * bc
             stats["bc_loss"] = bc.detach()
         stats["demo_fraction"] = b.demo.mean()
