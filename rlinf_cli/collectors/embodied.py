@@ -295,10 +295,12 @@ class EmbodiedCollector:
             raise UserError(f"init={self.cfg.init} has no observation statistics (it was not trained with "
                             f"env.normalize_obs=true): its policy expects raw observations; set env.normalize_obs=false")
         self.normalizer = Normalizer(self.spec, want, num_envs)
-        keys = self.normalizer.keys
-        return [f"normalization: observations {keys if keys else '(no float entries)'}" if want.obs else
-                "normalization: rewards only"] + (["normalization: rewards scaled by the std of the discounted return"]
-                                                  if want.obs and want.reward else [])
+        notes = []
+        if want.obs:
+            notes.append(f"normalization: observations {self.normalizer.keys or '(none: no float entries)'}")
+        if want.reward:
+            notes.append("normalization: rewards scaled by the std of the discounted return")
+        return notes
 
     def executor(self, act: Callable | None = None, num_envs: int | None = None) -> Executor:
         if self._executor is None:
