@@ -185,3 +185,26 @@ def test_bad_normalization_settings_give_one_line(cli):
     assert res.code == 2 and "env.clip_obs" in res.err and "Traceback" not in res.err
     res = cli("rl", *ARGS, "runtime.overlap_update=true", "run_dir=y")
     assert res.code == 2 and "overlap_update" in res.err and "Traceback" not in res.err
+
+
+def test_rl_init_from_a_checkpoint_keeps_its_statistics(workdir):
+    """init= a normalized checkpoint: its statistics continue (or, normalization off, stay frozen);
+    init= a checkpoint without statistics refuses env.normalize_obs=true (its policy expects raw
+    observations)."""
+    from safetensors.numpy import load_file
+
+    _run("rl", *ARGS, "total_steps=64", "run_dir=a")
+    final = workdir / "a/checkpoints/final"
+    res = _run("rl", *ARGS, "total_steps=64", f"init={final}", "run_dir=b")
+    assert "continuing the checkpoint's running statistics" in res.stderr
+    before, after = load_file(str(final / FILE)), load_file(str(workdir / "b/checkpoints/final" / FILE))
+    assert after["state.count"][0] == pytest.approx(before["state.count"][0] + 64, abs=1e-3)
+    off = [a for a in ARGS if not a.startswith("env.normalize")]
+    res = _run("rl", *off, "total_steps=64", f"init={final}", "run_dir=c")
+    assert "used frozen" in res.stderr
+    frozen = load_file(str(workdir / "c/checkpoints/final" / FILE))
+    assert all(np.array_equal(before[k], frozen[k]) for k in before)
+    _run("rl", *off, "total_steps=64", "run_dir=raw")
+    res = subprocess.run([RLINF, "rl", *ARGS, "total_steps=64", f"init={workdir / 'raw/checkpoints/final'}",
+                          "run_dir=d"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "expects raw observations" in res.stderr and "Traceback" not in res.stderr

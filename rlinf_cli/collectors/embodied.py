@@ -279,9 +279,7 @@ class EmbodiedCollector:
         if loaded is not None:
             have = loaded.config
             if not want.enabled:
-                import dataclasses
-
-                loaded.config = dataclasses.replace(have, reward=False)  # rewards stay as they are
+                loaded.scale = False  # rewards stay as they are
                 return ["normalization: env.normalize_obs/normalize_reward are off; the checkpoint's statistics "
                         "are used frozen (its policy was trained on normalized observations)"]
             if (have.obs, have.reward) != (want.obs, want.reward):

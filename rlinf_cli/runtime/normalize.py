@@ -107,6 +107,7 @@ class Normalizer:
         self.obs_rms = {k: RunningMeanStd(tuple(spec.observation[k].shape)) for k in self.keys}
         self.ret_rms = RunningMeanStd(())
         self.returns = np.zeros(num_envs, np.float64)  # per env: discounted return so far (reward scaling)
+        self.scale = config.reward  # scale rewards (off for a checkpoint's statistics used frozen in a run without)
         self.frozen = False
         # under torchrun: the statistics all ranks agreed on last, and what this rank added since
         self._synced: dict[str, RunningMeanStd] | None = None
@@ -133,7 +134,7 @@ class Normalizer:
     def reward(self, reward: np.ndarray, done: np.ndarray, lo: int = 0) -> np.ndarray:
         """Scaled rewards of envs ``lo .. lo + len(reward) - 1`` (float32); updates the running
         discounted returns of those envs and, unless frozen, their statistics."""
-        if not self.config.reward:
+        if not self.scale:
             return reward
         hi = lo + len(reward)
         if not self.frozen:
@@ -145,7 +146,7 @@ class Normalizer:
 
     def scale_rewards(self, reward: np.ndarray) -> np.ndarray:
         """``reward`` scaled by the current statistics, without updating them (replay samples)."""
-        if not self.config.reward:
+        if not self.scale:
             return reward
         c = self.config.clip_reward
         r = np.asarray(reward, np.float64) / np.sqrt(self.ret_rms.var + self.config.eps)
@@ -158,6 +159,7 @@ class Normalizer:
         out.obs_rms = {k: v.copy() for k, v in self.obs_rms.items()}
         out.ret_rms = self.ret_rms.copy()
         out.returns = np.zeros(0)
+        out.scale = self.scale
         out.frozen, out._synced, out._delta = True, None, {}
         return out
 
