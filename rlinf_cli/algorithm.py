@@ -51,9 +51,13 @@ class RolloutSpec:
     """The shape of the experience an algorithm wants per iteration."""
 
     kind: str  # one of ROLLOUT_KINDS
-    steps: int = 0  # "steps": steps per env per iteration
+    steps: int = 0  # "steps" and "transitions": steps per env per iteration
     groups: int = 0  # "episodes": groups per iteration
     group_size: int = 1  # "episodes": members per group (all from the same seed or prompt)
+    buffer_size: int = 0  # "transitions": replay buffer capacity (transitions per rank)
+    batch_size: int = 0  # "transitions": transitions per gradient step
+    warmup_steps: int = 0  # "transitions": env steps (per rank) with uniform random actions before learning
+    demo_fraction: float = 0.0  # "transitions": share of every batch drawn from demonstrations (rl demos=...)
 
 
 # Config fields the default methods read, per rollout kind (besides TrainConfig's).
@@ -78,6 +82,17 @@ class MiniBatch(NamedTuple):
     actions: Any = None  # the actions taken (supervised: the demonstrated ones)
 
 
+class TransitionBatch(NamedTuple):
+    """Transitions sampled from the replay buffer for one gradient step ([B] leading)."""
+
+    obs: Any  # dict of [B, ...] tensors, as the policy reads them (normalized when the run normalizes)
+    actions: torch.Tensor  # [B, *action_shape] in the env's units
+    rewards: torch.Tensor  # [B] (scaled when the run normalizes rewards)
+    next_obs: Any  # observation after the step (the final one where the episode ended)
+    terminated: torch.Tensor  # [B] 1.0 where the episode ended by the env (no bootstrap); time limits are 0
+    demo: torch.Tensor  # [B] 1.0 for transitions from demonstrations (a behaviour-cloning term)
+
+
 class Algorithm:
     """Base class: subclasses set ``Config``, ``name``, ``rollout`` and ``uses_critic`` and
     override :meth:`advantages` and :meth:`loss` (or :meth:`supervised_loss`)."""
@@ -86,6 +101,7 @@ class Algorithm:
     name: ClassVar[str] = ""
     rollout: ClassVar[str] = "steps"  # one of ROLLOUT_KINDS
     uses_critic: ClassVar[bool] = True  # needs a model with a value head
+    uses_q: ClassVar[bool] = False  # needs a model with Q heads (the off-policy interface of Policy)
 
     def __init__(self, config: Any):
         self.config = config
@@ -153,6 +169,25 @@ class Algorithm:
 
     def check(self, spec: Any) -> None:
         """Refuse an environment this algorithm cannot learn from (raise UserError with one line)."""
+
+    def model_options(self) -> dict[str, Any]:
+        """Model config entries a fresh model needs for this algorithm (merged over ``model.*``;
+        e.g. SAC's squashed actor and Q heads). A model without such options is refused."""
+        return {}
+
+    # -- rollout = "transitions" (off-policy) -----------------------------------------------------
+    def gradient_steps(self, collected_before: int, collected: int) -> int:
+        """Gradient steps after this rank's count of collected transitions went from
+        ``collected_before`` to ``collected`` (the update-to-data ratio; a function of the counts
+        alone, so a resumed run takes the same steps)."""
+        return int(self.epochs)
+
+    def transition_loss(self, policy: Any, batch: TransitionBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``rollout = "transitions"``: scalar loss and diagnostics of one replay batch."""
+        raise NotImplementedError
+
+    def after_step(self, policy: Any) -> None:
+        """Called after every optimizer step (e.g. Polyak averaging of target networks)."""
 
     # -- the algorithm ---------------------------------------------------------------------
     def advantages(self, exp: Any) -> tuple[torch.Tensor, torch.Tensor]:

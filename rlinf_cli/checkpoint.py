@@ -11,6 +11,9 @@ Layout of a checkpoint directory::
     env_state.safetensors             per rank: each env's seed stream, episode index, running
                                       return and the actions since its episode began (replayed
                                       on resume; see rlinf_cli/runtime/vector.py)
+    normalizer.safetensors            running observation/reward statistics, when the run
+                                      normalizes (rlinf_cli/runtime/normalize.py); every stage that
+                                      loads the checkpoint uses them
 
 A checkpoint is written to a temporary directory and renamed into place, so a run killed
 while saving leaves the previous checkpoint intact.
@@ -65,10 +68,12 @@ def save(
     generator: torch.Generator | None = None,
     rank_states: list[dict[str, Any]] | None = None,
     rank: int = 0,
+    write_files: Any = None,
 ) -> Path:
     """Write a checkpoint atomically (every rank calls it; rank 0 writes all but the engine's
     shards). ``rank_states[r]``: arrays rank r needs to continue exactly (its collector state,
-    and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``."""
+    and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``. ``write_files(dir)``:
+    rank 0 writes further files into the checkpoint (the collector's normalization statistics)."""
     from safetensors.torch import save_file
 
     from rlinf_cli.runtime.engine import barrier
@@ -84,6 +89,8 @@ def save(
         return path
     policy.save_pretrained(tmp)
     (tmp / CONFIG_YAML).write_text(cfg_yaml)
+    if write_files is not None:
+        write_files(tmp)
     if state is not None:
         (tmp / STATE_FILE).write_text(json.dumps(state))
         save_file(rng_state(generator), str(tmp / RNG_FILE))

@@ -41,6 +41,7 @@ class Policy(nn.Module):
     """
 
     has_critic: bool = True
+    has_q: bool = False  # action-value heads: the off-policy interface below (SAC)
 
     def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec):
         super().__init__()
@@ -68,6 +69,23 @@ class Policy(nn.Module):
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
         raise NotImplementedError(f"{type(self).__name__} has no mean_action")
+
+    # -- off-policy interface (models with ``has_q``; what SAC reads) ----------------------------
+    # ``sample(obs) -> (action, logprob)``: a reparameterised sample in the env's units (tanh-squashed
+    #   into the action bounds) and its log-prob [B], differentiable;
+    # ``q_values(obs, action, target=False, detach=False) -> [K, B]``: every Q head (``target``: the
+    #   Polyak copies; ``detach``: gradients reach the action, not the heads);
+    # ``update_targets(tau)``: target <- (1 - tau) target + tau online;
+    # ``log_alpha``: the entropy temperature's log, an ``nn.Parameter`` (optimised and saved with the model).
+    def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no reparameterised sample (off-policy interface)")
+
+    def q_values(self, obs: dict[str, torch.Tensor], action: torch.Tensor, target: bool = False,
+                 detach: bool = False) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no Q heads (off-policy interface)")
+
+    def update_targets(self, tau: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no target networks (off-policy interface)")
 
     def critic_parameters(self) -> list[nn.Parameter]:
         """Parameters that only the value estimate uses (by default those under ``critic.``).

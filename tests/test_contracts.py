@@ -130,7 +130,24 @@ def _tiny_rl(algo_spec) -> list[str]:
         args += ["algo.group_size=2", "algo.groups=1"]
     if node.get("minibatch_size"):
         args.append("algo.minibatch_size=16")
+    if "warmup_steps" in node:  # off-policy: learn within the tiny budget, from a small buffer
+        args += ["algo.warmup_steps=8", "algo.buffer_size=1000"]
+    if not _accepts_default_sim(algo_spec):
+        args.append("sim.env_id=Pendulum-v1")  # continuous actions (the default CartPole's are discrete)
     return args
+
+
+def _accepts_default_sim(algo_spec) -> bool:
+    """The algorithm's own ``check`` accepts the default simulator (CartPole)."""
+    from rlinf_cli.errors import UserError
+    from rlinf_cli.registry import make_simulator
+
+    algo = algo_spec.load().from_config(_option(algo_spec, "algo"))
+    try:
+        algo.check(make_simulator({"name": "gymnasium", "env_id": "CartPole-v1"}).spec)
+    except UserError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("spec", [s for s in _specs("algorithm") if s.load().rollout != "supervised"

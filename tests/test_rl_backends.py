@@ -85,3 +85,27 @@ def test_deepspeed_runs_resume_exactly(cli_proc, workdir) -> None:
     timing = lambda k: k.startswith("time/") or k.endswith("_s")  # noqa: E731
     rows = [[{k: v for k, v in row.items() if not timing(k)} for row in _metrics(d)] for d in ("a", "b")]
     assert rows[1] == rows[0][2:]  # the resumed run continues exactly
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_torchrun_ranks_merge_their_normalization_statistics(workdir, algo: str) -> None:
+    """Two ranks, each with its own envs: the checkpoint's observation statistics count the
+    observations of both ranks (merged after every rollout), and training runs on both the
+    on-policy and the off-policy path."""
+    from safetensors.numpy import load_file
+
+    rlinf = str(Path(sys.executable).with_name("rlinf"))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    extra = ["algo.rollout_steps=16"] + (["algo.warmup_steps=32", "algo.buffer_size=2000", "algo.minibatch_size=32",
+                                          "model.hidden_sizes=[16,16]"] if algo == "sac" else [])
+    cmd = [torchrun, "--nproc_per_node=2", f"--master_port={_port()}", rlinf, "rl", f"algo={algo}",
+           "sim.env_id=Pendulum-v1", "num_envs=2", "total_steps=512", "env.normalize_obs=true",
+           "env.normalize_reward=true", "eval.episodes=1", "progress=false", "tracking.enabled=false", "run_dir=tr", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(Path("tr/result.json").read_text())
+    assert result["world_size"] == 2 and result["env_steps"] == 512
+    stats = load_file("tr/checkpoints/final/normalizer.safetensors")
+    assert stats["state.count"][0] == pytest.approx(512, abs=1e-3)  # both ranks' 256 observations each
+    assert stats["__return__.count"][0] == pytest.approx(512, abs=1e-3)

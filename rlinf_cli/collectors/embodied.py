@@ -75,6 +75,60 @@ def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray
     return act
 
 
+_M64 = (1 << 64) - 1
+
+
+def _rng_state(rng: np.random.Generator) -> np.ndarray:
+    """A PCG64 generator's state as int64 words (for a checkpoint)."""
+    s = rng.bit_generator.state
+    st, inc = int(s["state"]["state"]), int(s["state"]["inc"])
+    words = np.array([st >> 64, st & _M64, inc >> 64, inc & _M64, s["has_uint32"], s["uinteger"]], np.uint64)
+    return words.view(np.int64)
+
+
+def _rng_from(words: np.ndarray) -> np.random.Generator:
+    w = [int(x) for x in np.asarray(words, np.int64).view(np.uint64)]
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+                               "has_uint32": w[4], "uinteger": w[5]}
+    return rng
+
+
+def demo_buffer(path: str, spec: EnvSpec, keys: list[str]) -> Any:
+    """An `rlinf collect` dataset as a replay buffer of demonstrations (never overwritten).
+
+    The dataset keeps the observation before each step; the next one is the following row of the
+    same episode. An episode's last step needs none when it terminated (no bootstrap); a last step
+    cut by a time limit has no recorded next observation and is left out.
+    """
+    from rlinf_cli.data import dataset as ds
+    from rlinf_cli.runtime.replay import ReplayBuffer
+
+    data = ds.load(path)
+    missing = [k for k in keys if k not in data.spec.observation]
+    if missing:
+        raise UserError(f"demos={path} has no observation {missing}; the policy reads {keys}")
+    for k in keys:
+        if tuple(data.spec.observation[k].shape) != tuple(spec.observation[k].shape):
+            raise UserError(f"demos={path}: observation '{k}' has shape {tuple(data.spec.observation[k].shape)}, "
+                            f"the simulator's {tuple(spec.observation[k].shape)}; were they collected on another task?")
+    if data.spec.discrete != spec.discrete or tuple(data.spec.action.shape) != tuple(spec.action.shape):
+        raise UserError(f"demos={path} holds actions of another shape than this simulator's")
+    n = len(data.rewards)
+    last = np.r_[data.episode[1:] != data.episode[:-1], True]
+    term = data.terminated if data.terminated is not None else np.zeros(n, bool)
+    keep = ~last | (last & term)
+    nxt_idx = np.minimum(np.arange(n) + 1, n - 1)
+    nxt_idx[last] = np.flatnonzero(last)  # terminated: any observation will do (it is not bootstrapped)
+    rows = np.flatnonzero(keep)
+    if not len(rows):
+        raise UserError(f"demos={path} holds no usable transitions (every episode is one step cut by a time limit)")
+    buf = ReplayBuffer(spec, keys, len(rows), what="demonstration buffer")
+    buf.add({k: data.obs[k][rows] for k in keys}, data.actions[rows], data.rewards[rows].astype(np.float32),
+            {k: data.obs[k][nxt_idx[rows]] for k in keys}, (term & last)[rows])
+    return buf
+
+
 # -- summaries and tables ----------------------------------------------------------------------
 def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dict[str, float]:
     """Mean/std return, success rates (only where the simulator reports success), mean length."""
@@ -144,6 +198,9 @@ class EmbodiedCollector:
         self.runner: Any = None
         self.recent: list[EpisodeStats] = []  # the last 100 training episodes (rollout/return_mean_100)
         self._spec_rollout: Any = None
+        # running obs/reward statistics (runtime/normalize.py): the loaded checkpoint's (frozen),
+        # or the ones this `rl` run updates; None = no normalization
+        self.normalizer: Any = None
 
     @property
     def sim(self) -> Simulator:
@@ -172,9 +229,13 @@ class EmbodiedCollector:
 
         spec = spec or self.spec
         if source:
+            from rlinf_cli.runtime.normalize import Normalizer
+
             policy = load_policy(source, self.ctx.device)
             if check:
                 check_compatible(policy, spec, f"checkpoint '{source}'")
+            # a policy trained on normalized observations acts through its statistics, frozen
+            self.normalizer = Normalizer.load(source, policy.env_spec)
             return policy
         model = get_registry().get("model", model_node.name)
         if model.attrs.get("modality") == "text":
@@ -202,7 +263,42 @@ class EmbodiedCollector:
             return expert_actor(self.sim)
         policy = self.policy(source)
         policy.eval()
-        return policy_actor(policy, self.spec, self.ctx.device, deterministic)
+        return self._policy_actor(policy, deterministic)
+
+    def _policy_actor(self, policy: Any, deterministic: bool) -> Callable:
+        """``act`` for a policy, fed observations normalized by the current statistics (frozen)."""
+        act = policy_actor(policy, self.spec, self.ctx.device, deterministic)
+        return act if self.normalizer is None else self.normalizer.actor(act)
+
+    def _start_normalizer(self, num_envs: int, resumed: bool) -> list[str]:
+        """The statistics this run updates: continued from the checkpoint it starts from, or new."""
+        from rlinf_cli.runtime.normalize import NormalizeConfig, Normalizer
+
+        want = NormalizeConfig.from_env(self.cfg.get("env"))
+        loaded = self.normalizer
+        if loaded is not None:
+            have = loaded.config
+            if not want.enabled:
+                loaded.scale = False  # rewards stay as they are
+                return ["normalization: env.normalize_obs/normalize_reward are off; the checkpoint's statistics "
+                        "are used frozen (its policy was trained on normalized observations)"]
+            if (have.obs, have.reward) != (want.obs, want.reward):
+                raise UserError(f"the checkpoint was trained with env.normalize_obs={str(have.obs).lower()} "
+                                f"env.normalize_reward={str(have.reward).lower()}; continue it with the same settings")
+            self.normalizer = loaded.continue_training(want, num_envs)
+            return ["normalization: continuing the checkpoint's running statistics"]
+        if not want.enabled:
+            return []
+        if self.cfg.get("init") and not resumed and want.obs:
+            raise UserError(f"init={self.cfg.init} has no observation statistics (it was not trained with "
+                            f"env.normalize_obs=true): its policy expects raw observations; set env.normalize_obs=false")
+        self.normalizer = Normalizer(self.spec, want, num_envs)
+        notes = []
+        if want.obs:
+            notes.append(f"normalization: observations {self.normalizer.keys or '(none: no float entries)'}")
+        if want.reward:
+            notes.append("normalization: rewards scaled by the std of the discounted return")
+        return notes
 
     def executor(self, act: Callable | None = None, num_envs: int | None = None) -> Executor:
         if self._executor is None:
@@ -227,6 +323,16 @@ class EmbodiedCollector:
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
         overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
+        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0)
+        if self.normalizer is not None:
+            if overlap:
+                raise UserError("runtime.overlap_update=true collects in another process, which cannot share the running "
+                                "normalization statistics; set runtime.overlap_update=false or env.normalize_obs/"
+                                "normalize_reward=false")
+            if saved is not None and "norm_returns" in saved and len(saved["norm_returns"]) == num_envs:
+                self.normalizer.returns[:] = saved["norm_returns"]
+            if world > 1:
+                self.normalizer.track_ranks()
         if saved is not None and "recent" in saved:
             self.recent = [EpisodeStats(float(r), int(n), bool(s), bool(e)) for r, n, s, e in saved["recent"]]
         if overlap:  # the next rollout is collected in another process during the update
@@ -243,8 +349,10 @@ class EmbodiedCollector:
             return notes + ["runtime: rollouts overlap the update in a separate process (one policy version behind)"]
         self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
         notes.append(f"runtime: {executor.describe()}")
-        if spec.kind == "steps":
-            self.runner = Runner(self._env, policy, self.ctx.device)
+        if spec.kind == "transitions":
+            notes += self._start_replay(policy, spec, saved)
+        if spec.kind in ("steps", "transitions"):
+            self.runner = Runner(self._env, policy, self.ctx.device, self.normalizer)
             if saved is not None and "streams" in saved and self.spec.replayable:
                 self.runner.restore(saved)
             else:
@@ -258,20 +366,96 @@ class EmbodiedCollector:
         spec = self._spec_rollout
         if spec.kind == "steps":
             exp = self.runner.collect_steps(spec.steps)
+        elif spec.kind == "transitions":
+            warm = self.replay.added < spec.warmup_steps
+            exp = self.runner.collect_steps(spec.steps, sink=self._add_transitions,
+                                            explore=self._random_actions if warm else None)
+            exp.stats["replay_size"] = float(len(self.replay))
         elif spec.kind == "episodes":
             exp = self._collect_groups(policy, algo, iteration)
         else:
             raise UserError(f"algorithm '{algo.name}' learns from rollout='{spec.kind}', which `rlinf rl` cannot "
                             f"collect on an embodied simulator yet")
+        if self.normalizer is not None and self._world > 1:
+            self.normalizer.sync()  # every rank's new observations, merged: the same statistics everywhere
         self.recent = (self.recent + exp.episodes)[-100:]
         return exp
+
+    # -- transitions (off-policy) ----------------------------------------------------------------
+    def _start_replay(self, policy: Any, spec: Any, saved: dict[str, np.ndarray] | None) -> list[str]:
+        """The replay buffer (restored from ``saved``) and the demonstrations of ``demos=``."""
+        from rlinf_cli.runtime.replay import ReplayBuffer
+
+        keys = [k for k in policy.observation_keys]
+        self.replay = ReplayBuffer(self.spec, keys, spec.buffer_size)
+        self._rng = np.random.default_rng([int(self.cfg.seed), self._rank, 17])  # warm-up actions
+        notes = [f"replay buffer: {spec.buffer_size:,} transitions, {self.replay.nbytes / 2**20:,.0f} MiB"]
+        if saved is not None:
+            if self.replay.load(saved):
+                if "replay_rng" in saved:  # the warm-up's random actions continue their stream
+                    self._rng = _rng_from(saved["replay_rng"])
+                notes.append(f"replay buffer restored: {len(self.replay):,} transitions")
+            else:
+                notes.append("resume: the checkpoint holds no replay buffer; it refills from the resumed run")
+        self.demos = None
+        source = self.cfg.get("demos")
+        if source:
+            self.demos = demo_buffer(str(source), self.spec, keys)
+            notes.append(f"demonstrations: {len(self.demos):,} transitions from {source}; "
+                         f"{spec.demo_fraction:.0%} of every batch")
+            if spec.demo_fraction <= 0:
+                raise UserError(f"demos={source} is given but the algorithm draws no share of its batches from "
+                                f"demonstrations (algo.demo_fraction=0); set it, e.g. algo.demo_fraction=0.5")
+        return notes
+
+    def _random_actions(self, obs: Any) -> np.ndarray:
+        return random_actor(self.spec, self._rng)(obs)[1]
+
+    def _add_transitions(self, obs: Any, actions: np.ndarray, sb: StepBatch) -> None:
+        nxt = sb.obs
+        ended = sb.terminated | sb.truncated
+        if sb.final_obs is not None and ended.any():  # the env auto-reset: the transition ends in the final obs
+            nxt = {k: np.where(ended.reshape(-1, *([1] * (nxt[k].ndim - 1))), sb.final_obs[k], nxt[k])
+                   for k in self.replay.keys}
+        self.replay.add(obs, actions, sb.reward, nxt, sb.terminated)
+
+    def collected(self) -> int:
+        """Transitions this rank has added to its replay buffer (restored on resume)."""
+        return int(self.replay.added)
+
+    def sample(self, algo: Algorithm, generator: torch.Generator) -> Any:
+        """One :class:`TransitionBatch`: ``batch_size`` transitions, ``demo_fraction`` of them from
+        the demonstrations (RLPD's symmetric sampling), normalized by the current statistics."""
+        from rlinf_cli.algorithm import TransitionBatch
+        from rlinf_cli.policy import obs_to_torch
+
+        spec = self._spec_rollout
+        n_demo = int(round(spec.batch_size * spec.demo_fraction)) if self.demos is not None else 0
+        parts = [self.replay.sample(spec.batch_size - n_demo, generator)]
+        if n_demo:
+            parts.append(self.demos.sample(n_demo, generator))
+        cat = (lambda key: np.concatenate([p[key] for p in parts])) if n_demo else (lambda key: parts[0][key])
+        obs = {k: np.concatenate([p["obs"][k] for p in parts]) for k in parts[0]["obs"]}
+        nxt = {k: np.concatenate([p["next_obs"][k] for p in parts]) for k in parts[0]["next_obs"]}
+        rewards = cat("rewards")
+        if self.normalizer is not None:
+            obs, nxt = self.normalizer.observe(obs, update=False), self.normalizer.observe(nxt, update=False)
+            rewards = self.normalizer.scale_rewards(rewards)
+        dev = self.ctx.device
+        demo = np.zeros(spec.batch_size, np.float32)
+        demo[spec.batch_size - n_demo:] = 1.0
+        f = lambda x: torch.as_tensor(np.asarray(x, np.float32), device=dev)  # noqa: E731
+        return TransitionBatch(obs_to_torch(obs, dev), torch.as_tensor(cat("actions"), device=dev), f(rewards),
+                               obs_to_torch(nxt, dev), f(cat("terminated")), f(demo))
 
     def _collect_groups(self, policy: Any, algo: Algorithm, iteration: int) -> Experience:
         spec = self._spec_rollout
         seeds = training_seeds(int(self.cfg.seed), iteration * self._world + self._rank, spec.groups)
         recorder = EpisodeRecorder()
+        norm = self.normalizer  # group rollouts: observations only (a group compares whole-episode returns)
+        transform = (lambda o: norm.observe(o, True)) if norm is not None else None
         episodes = run_episodes(self._env, policy_actor(policy, self.spec, self.ctx.device, False),
-                                [s for s in seeds for _ in range(spec.group_size)], recorder)
+                                [s for s in seeds for _ in range(spec.group_size)], recorder, transform=transform)
         exp = recorder.to_experience(episodes, spec.group_size, self.ctx.device)
         keep = algo.filter_groups(exp.episode_returns)
         if keep is not None:  # dropped groups stay in the batch with no weight
@@ -347,7 +531,17 @@ class EmbodiedCollector:
         out = dict(self.runner.state()) if isinstance(self.runner, Runner) else {}
         out["recent"] = np.array([[e.ret, e.length, e.success_once, e.success_at_end] for e in self.recent],
                                  dtype=np.float64).reshape(-1, 4)
+        if self.normalizer is not None and not self.normalizer.frozen:
+            out["norm_returns"] = self.normalizer.returns.copy()  # this rank's running discounted returns
+        if getattr(self, "replay", None) is not None:
+            out.update(self.replay.state())
+            out["replay_rng"] = _rng_state(self._rng)
         return out
+
+    def save_files(self, directory: Any) -> None:
+        """Files a checkpoint holds besides the policy (rank 0 writes them): the normalization statistics."""
+        if self.normalizer is not None:
+            self.normalizer.save(directory)
 
     def close(self) -> None:
         if self._env is not None:
@@ -393,7 +587,7 @@ class EmbodiedCollector:
         from rlinf_cli.collectors.videos import evaluate_with_video
 
         act = self.actor(policy, deterministic, seed) if isinstance(policy, str) else \
-            policy_actor(policy, self.spec, self.ctx.device, deterministic)
+            self._policy_actor(policy, deterministic)
         eps, files = evaluate_with_video(self, act, episodes, seed, int(self.cfg.get("num_envs", 8)), video,
                                          video_dir, video_size, on_batch=(lambda b: on_batch(len(b))) if on_batch else None)
         summary = summarize(eps, self.spec.has_success)

@@ -270,6 +270,8 @@ class Dataset:
     episode: np.ndarray
     success: np.ndarray
     episode_success: dict[int, bool] = field(default_factory=dict)
+    terminated: np.ndarray | None = None  # [rows] bool: the episode ended by the env at this step
+    truncated: np.ndarray | None = None  # [rows] bool: the episode was cut by a time limit at this step
 
     @property
     def num_episodes(self) -> int:
@@ -319,7 +321,10 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
     success = table.column("success").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])  # episodes are contiguous
     ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
-    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success, ep_success)
+    ends = {c: table.column(c).to_numpy(zero_copy_only=False).astype(bool) if c in table.column_names else None
+            for c in ("terminated", "truncated")}
+    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success, ep_success,
+                   ends["terminated"], ends["truncated"])
 
 
 def _column(table: Any, name: str) -> np.ndarray:

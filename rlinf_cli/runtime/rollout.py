@@ -85,10 +85,14 @@ class Runner:
     # steps it is not logged, and a resume starts that env on a fresh episode instead
     MAX_REPLAY_STEPS = 100_000
 
-    def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu"):
+    def __init__(self, env: VecEnv, policy: Policy, device: torch.device | str = "cpu", normalizer: Any = None):
         self.env = env
         self.policy = policy
         self.device = torch.device(device)
+        # running obs/reward normalization (rlinf_cli/runtime/normalize.py): the policy acts on,
+        # and the experience holds, normalized observations and scaled rewards; the episode
+        # statistics and the action logs stay in the env's own units
+        self.normalizer = normalizer
         self.spec = env.spec
         self.obs: Obs | None = None
         n = env.num_envs
@@ -96,6 +100,8 @@ class Runner:
         self.streams = np.zeros(n, dtype=np.int64)
         self.episodes = np.zeros(n, dtype=np.int64)
         self._actions: list[list[np.ndarray]] = [[] for _ in range(n)]  # env actions since each episode began
+        self._sink: Callable[..., None] | None = None
+        self._explore: Callable[[Obs], np.ndarray] | None = None
 
     def reset(self, seeds: Sequence[int]) -> None:
         self.obs = self.env.reset(seeds)
@@ -155,14 +161,20 @@ class Runner:
                 self._actions[i] = []  # too long to replay; state() marks it
 
     @torch.no_grad()
-    def collect_steps(self, num_steps: int) -> Experience:
+    def collect_steps(self, num_steps: int, sink: Callable[..., None] | None = None,
+                      explore: Callable[[Obs], np.ndarray] | None = None) -> Experience:
         """``num_steps`` steps of every env, laid out [T, N].
 
         When the env exposes pipeline groups (``runtime.mode=hybrid``), each group is stepped
         on its own: the policy acts on group g as soon as its observations arrive, while the
         workers still simulate the other groups. The layout and bookkeeping are the same.
+
+        ``transitions`` rollouts: ``sink(obs, env_actions, sb)`` receives every step of every env
+        group in the env's own units (raw observations and rewards, ``sb.final_obs`` where an
+        episode ended); ``explore(obs) -> env actions`` replaces the policy (random warm-up).
         """
         assert self.obs is not None, "call reset() first"
+        self._sink, self._explore = sink, explore
         n, dev = self.env.num_envs, self.device
         buf = _StepBuffers(self.spec, num_steps, n, dev)
         groups = getattr(self.env, "pipeline_groups", None)
@@ -172,7 +184,8 @@ class Runner:
             self._collect_sync(num_steps, buf)
         self._log_actions(buf.actions, buf.dones)
         policy = self.policy
-        last_value = policy.get_value(obs_to_torch(self.obs, dev)) if policy.has_critic else torch.zeros(n, device=dev)
+        last_value = policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if policy.has_critic \
+            else torch.zeros(n, device=dev)
         stats = buf.stats
         steps = float(num_steps)
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
@@ -181,7 +194,17 @@ class Runner:
                           torch.ones((num_steps, n), device=dev), last_value, episodes=buf.episodes,
                           env_steps=num_steps * n, stats=stats)
 
+    def _seen(self, obs: Obs, update: bool = False) -> Obs:
+        """What the policy sees of ``obs`` (normalized when the run normalizes observations)."""
+        return obs if self.normalizer is None else self.normalizer.observe(obs, update)
+
     def _act(self, buf: "_StepBuffers", t: int, obs: Obs, lo: int, hi: int) -> np.ndarray:
+        if self._explore is not None:  # warm-up: no policy (log-probs and values stay 0)
+            self._seen(obs, update=True)  # the statistics still see what the envs show
+            a = self._explore(obs)
+            buf.actions[t, lo:hi] = torch.from_numpy(np.asarray(a))
+            return a
+        obs = self._seen(obs, update=True)
         o = obs_to_torch(obs, self.device)
         out = self.policy.act(o)
         if buf.np is not None:  # CPU: write through numpy views (a fraction of a torch index-put's cost)
@@ -199,15 +222,16 @@ class Runner:
 
     def _record(self, buf: "_StepBuffers", t: int, sb: StepBatch, lo: int, hi: int) -> None:
         ended = sb.terminated | sb.truncated
+        reward = sb.reward if self.normalizer is None else self.normalizer.reward(sb.reward, ended, lo)
         if buf.np is not None:
-            buf.np["rewards"][t, lo:hi] = sb.reward
+            buf.np["rewards"][t, lo:hi] = reward
             buf.np["dones"][t, lo:hi] = ended
         else:
-            buf.rewards[t, lo:hi] = torch.from_numpy(sb.reward)
+            buf.rewards[t, lo:hi] = torch.from_numpy(reward)
             buf.dones[t, lo:hi] = torch.from_numpy(ended.astype(np.float32))
         cut = sb.truncated & ~sb.terminated
         if self.policy.has_critic and sb.final_obs is not None and cut.any():
-            v_final = self.policy.get_value(obs_to_torch(sb.final_obs, self.device))
+            v_final = self.policy.get_value(obs_to_torch(self._seen(sb.final_obs), self.device))
             buf.trunc_values[t, lo:hi] = v_final * torch.from_numpy(cut.astype(np.float32)).to(self.device)
         buf.episodes.extend(self.tracker.update(sb, lo))
         for k, v in sb.stats.items():
@@ -216,23 +240,31 @@ class Runner:
     def _collect_sync(self, num_steps: int, buf: "_StepBuffers") -> None:
         obs, n = self.obs, self.env.num_envs
         for t in range(num_steps):
-            sb = self.env.step(self._act(buf, t, obs, 0, n))
+            action = self._act(buf, t, obs, 0, n)
+            sb = self.env.step(action)
             self._record(buf, t, sb, 0, n)
+            if self._sink is not None:
+                self._sink(obs, action, sb)
             obs = sb.obs
         self.obs = obs
 
     def _collect_pipelined(self, num_steps: int, buf: "_StepBuffers", groups: Sequence[tuple[int, int]]) -> None:
         env = self.env
         obs = [{k: v[lo:hi] for k, v in self.obs.items()} for lo, hi in groups]
+        sent: list[np.ndarray] = []
         for g, (lo, hi) in enumerate(groups):
-            env.step_group_async(g, self._act(buf, 0, obs[g], lo, hi))
+            sent.append(self._act(buf, 0, obs[g], lo, hi))
+            env.step_group_async(g, sent[g])
         for t in range(num_steps):
             for g, (lo, hi) in enumerate(groups):
                 sb = env.step_group_wait(g)
                 self._record(buf, t, sb, lo, hi)
+                if self._sink is not None:
+                    self._sink(obs[g], sent[g], sb)
                 obs[g] = sb.obs
                 if t + 1 < num_steps:  # act on this group while the others are still simulated
-                    env.step_group_async(g, self._act(buf, t + 1, obs[g], lo, hi))
+                    sent[g] = self._act(buf, t + 1, obs[g], lo, hi)
+                    env.step_group_async(g, sent[g])
         self.obs = {k: np.concatenate([o[k] for o in obs]) for k in self.obs}
 
 
@@ -268,11 +300,13 @@ def run_episodes(
     seeds: Sequence[int],
     recorder: Recorder | None = None,
     max_steps: int | None = None,
+    transform: Callable[[Obs], Obs] | None = None,
 ) -> list[EpisodeStats]:
     """Run one episode per env (``env`` must not auto-reset); returns per-env stats in env order.
 
     ``act(obs) -> (policy_output, env_action)``. Episodes still running after ``max_steps``
-    (default: the spec's ``max_episode_steps``) count as truncated.
+    (default: the spec's ``max_episode_steps``) count as truncated. ``transform(obs)``: what the
+    policy and the recorder see instead of the env's observations (running normalization).
     """
     n = env.num_envs
     obs = env.reset(seeds)
@@ -285,10 +319,11 @@ def run_episodes(
     success_last = np.zeros(n, dtype=bool)
     limit = max_steps or env.spec.max_episode_steps
     for t in range(limit):
-        out, action = act(obs)
+        seen = obs if transform is None else transform(obs)
+        out, action = act(seen)
         sb = env.step(action)
         if recorder is not None:
-            recorder(t, obs, out, action, sb, alive.copy())
+            recorder(t, seen, out, action, sb, alive.copy())
         ret += np.where(alive, sb.reward, 0.0)
         length += alive
         success_once |= sb.success & alive

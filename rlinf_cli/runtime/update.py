@@ -30,6 +30,8 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
     experience; the epoch diagnostics that decide early stopping are averaged over ranks so that
     all ranks run the same number of steps.
     """
+    if algo.rollout == "transitions":
+        return update_transitions(engine, algo, exp, collector, generator)
     policy = engine.module
     adv, ret = algo.advantages(exp)
     critic = {id(p) for p in policy.critic_parameters()} if critic_only else set()
@@ -75,4 +77,34 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
     metrics = {f"train/{k}": v for k, v in zip(names or [], means) if not k.endswith("_raw")}
     metrics.update({"train/epochs": float(epochs_run), "train/samples": float(samples),
                     "train/gradient_steps": float(count)})
+    return metrics
+
+
+def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector: Any,
+                       generator: torch.Generator) -> dict[str, float]:
+    """The off-policy update: ``algo.gradient_steps(before, after)`` gradient steps (from the
+    collector's count of transitions before and after this rollout), each on a batch the collector
+    samples from its replay buffer (``collector.sample``), then ``algo.after_step`` (target networks)."""
+    policy = engine.module
+    collected = collector.collected()
+    steps = algo.gradient_steps(collected - exp.env_steps, collected)
+    names: list[str] | None = None
+    total: torch.Tensor | None = None
+    policy.train()
+    for _ in range(steps):
+        batch = collector.sample(algo, generator)
+        loss, stats = algo.transition_loss(policy, batch)
+        engine.backward(loss)
+        norm = engine.step()
+        algo.after_step(policy)
+        if norm is not None:
+            stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
+        if names is None:
+            names = list(stats)
+        row = torch.stack([stats[k].detach().reshape(()).float().cpu() for k in names])
+        total = row if total is None else total.add_(row)
+    policy.eval()
+    means = (total / max(steps, 1)).tolist() if total is not None else []
+    metrics = {f"train/{k}": v for k, v in zip(names or [], means)}
+    metrics["train/gradient_steps"] = float(steps)
     return metrics

@@ -234,7 +234,8 @@ def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, 
     if rank > 0 and state is not None:
         mine.update({f"rng.{k}": v for k, v in ckpt.rng_state(generator).items()})
     states = gather_to_first(mine) if state is not None else []
-    return ckpt.save(path, policy, cfg_yaml, engine, state, generator, states if any(states) else None, rank)
+    return ckpt.save(path, policy, cfg_yaml, engine, state, generator, states if any(states) else None, rank,
+                     getattr(collector, "save_files", None))
 
 
 def resume(path: Path, engine: Any, generator: Any, rank: int) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:

@@ -47,6 +47,24 @@ class Run:
         return int(self.collector.units(self.state))
 
 
+def model_config(cfg: Any, algo: Any) -> Any:
+    """``cfg.model`` with what the algorithm needs of a fresh model (``algo.model_options()``)."""
+    from omegaconf import OmegaConf, open_dict
+
+    options = algo.model_options()
+    if not options or cfg.resume or cfg.init:
+        return cfg.model
+    lacking = [k for k in options if k not in cfg.model]
+    if lacking:
+        raise UserError(f"algorithm '{cfg.algo.name}' needs model options {', '.join(lacking)}, which model "
+                        f"'{cfg.model.name}' does not have; use a model that implements them (model=mlp)")
+    node = OmegaConf.create(OmegaConf.to_container(cfg.model, resolve=True))
+    with open_dict(node):
+        for k, v in options.items():
+            node[k] = v
+    return node
+
+
 def setup(cfg: Any) -> Run:
     import torch
 
@@ -54,6 +72,13 @@ def setup(cfg: Any) -> Run:
     from rlinf_cli.runtime.engine import make_engine, setup_ranks
 
     algo = common.load_algorithm(cfg, "rl")
+    if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must sample it
+        from rlinf_cli.data.dataset import read_meta
+
+        if algo.rollout != "transitions":
+            raise UserError(f"demos= seeds the replay buffer of off-policy algorithms (algo=sac); '{cfg.algo.name}' "
+                            f"learns from rollout='{algo.rollout}' (for demonstrations, use `rlinf sft` then rl init=)")
+        read_meta(Path(str(cfg.demos)))
     resume_dir = Path(cfg.resume) if cfg.resume else None
     accel = common.select_accelerator(cfg.accelerator.name)
     rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
@@ -61,11 +86,14 @@ def setup(cfg: Any) -> Run:
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
     collector = collectors.make(cfg, ctx)
     collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
-    policy = collector.policy(cfg.resume or cfg.init, cfg.model)
-    collector.prepare_rl(policy, cfg)
     algo.check(collector.spec)
+    policy = collector.policy(cfg.resume or cfg.init, model_config(cfg, algo))
+    collector.prepare_rl(policy, cfg)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
+    if algo.uses_q and not getattr(policy, "has_q", False):
+        raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
+                        f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none")
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
     # a frozen copy of the starting policy, only when the algorithm asks for one (a KL term)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.needs_reference() else None

@@ -13,6 +13,7 @@ import math
 import time
 from typing import Any
 
+from rlinf_cli.errors import UserError
 from rlinf_cli.stages import common
 
 
@@ -35,6 +36,9 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     data = collector.dataset(str(cfg.dataset), float(cfg.val_fraction), int(cfg.seed))
     algo.check(data.spec)
     policy = collector.policy(cfg.init, cfg.model, data.spec, check=False)  # the dataset checks it
+    if getattr(collector, "normalizer", None) is not None:
+        raise UserError(f"init={cfg.init} was trained on normalized observations (env.normalize_obs); `rlinf sft` "
+                        f"trains on the dataset's raw observations: start from a checkpoint without statistics")
     data.prepare(policy, ctx.note)
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
     return ctx, algo, collector, data, policy, engine, rank

@@ -10,4 +10,6 @@ def register_algorithms(register):
     register("rloo", "rlinf_algos.rloo:RLOO", summary="RLOO: leave-one-out baseline advantage, GRPO's clipped token-level loss")
     register("reinforce++", "rlinf_algos.reinforce_pp:ReinforcePP",
              summary="REINFORCE++: batch-normalised advantage (optional group baseline), clipped loss")
+    register("sac", "rlinf_algos.sac:SAC",
+             summary="SAC: twin Q, Polyak targets, learned temperature, UTD; replay buffer, demos= (RLPD)")
     register("bc", "rlinf_algos.bc:BC", summary="Behaviour cloning (NLL or MSE) for `rlinf sft`", default=("sft",))

@@ -4,7 +4,10 @@ Observation keys listed in ``obs_keys`` are encoded and concatenated: flat vecto
 images (``[H, W, C]`` uint8) through a CNN shared by actor and critic. For a simulator with
 several tasks (``EnvSpec.tasks``), the task id it observes is embedded and appended, so one
 network learns all tasks. Discrete actions
-use a categorical head; continuous actions a Gaussian with a state-independent log std.
+use a categorical head; continuous actions a Gaussian with a state-independent log std, or, with
+``squash: true`` (SAC), a tanh-squashed Gaussian with a state-dependent std whose samples are
+scaled into the action bounds. ``q_heads: K`` adds K action-value heads Q(s, a) with Polyak
+target copies and the entropy temperature (the off-policy interface of rlinf_cli/policy.py).
 Distributions are written out by hand: ``torch.distributions`` validation and object creation
 cost more than the maths at these sizes.
 """
@@ -42,6 +45,11 @@ class MLPConfig:
     cnn_strides: tuple[int, ...] = (4, 2)  # conv strides
     cnn_features: int = 128  # encoder output width per image
     task_embedding: int = 16  # width of the learned task embedding for multi-task simulators; 0 = none
+    squash: bool = False  # continuous actions: tanh-squashed Gaussian with a state-dependent std (SAC)
+    log_std_min: float = -5.0  # squash: bounds of the state-dependent log std
+    log_std_max: float = 2.0
+    q_heads: int = 0  # action-value heads Q(s, a) (SAC: 2); each has a Polyak-averaged target copy
+    init_temperature: float = 1.0  # q_heads > 0: initial entropy temperature (alpha), learned by SAC
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -50,6 +58,8 @@ class MLPConfig:
             raise ValueError("hidden_sizes must be a non-empty list of positive widths")
         if not len(self.cnn_channels) == len(self.cnn_kernels) == len(self.cnn_strides):
             raise ValueError("cnn_channels, cnn_kernels and cnn_strides must have the same length")
+        if self.q_heads < 0 or self.init_temperature <= 0 or self.log_std_min >= self.log_std_max:
+            raise ValueError("q_heads must be >= 0, init_temperature > 0 and log_std_min < log_std_max")
 
 
 class CNNEncoder(nn.Module):
@@ -105,12 +115,31 @@ class MLPPolicy(Policy):
             in_dim += cfg.task_embedding
         act = _ACTIVATIONS[cfg.activation]
         hidden = list(cfg.hidden_sizes)
+        self.squash = cfg.squash and not env_spec.discrete
+        if (cfg.squash or cfg.q_heads) and env_spec.discrete:
+            raise UserError("model.squash and model.q_heads are for continuous actions; this simulator's are discrete")
         if env_spec.discrete:
             out_dim = int(env_spec.num_actions)
         else:
             out_dim = math.prod(env_spec.action.shape)
-            self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.log_std_init)))
-        self.actor = mlp([in_dim, *hidden, out_dim], act, 0.01, cfg.ortho_init)
+            if not self.squash:
+                self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.log_std_init)))
+        self._act_dim = out_dim
+        # squash: mean and log std per dimension; bounds map tanh's (-1, 1) onto [low, high]
+        self.actor = mlp([in_dim, *hidden, 2 * out_dim if self.squash else out_dim], act, 0.01, cfg.ortho_init)
+        if self.squash or cfg.q_heads:
+            low = env_spec.action.low if env_spec.action.low is not None else -1.0
+            high = env_spec.action.high if env_spec.action.high is not None else 1.0
+            self.register_buffer("_center", torch.full((out_dim,), (high + low) / 2.0), persistent=False)
+            self.register_buffer("_half", torch.full((out_dim,), (high - low) / 2.0), persistent=False)
+        self.has_q = cfg.q_heads > 0
+        if self.has_q:
+            self.q = nn.ModuleList(mlp([in_dim + out_dim, *hidden, 1], act, 1.0, cfg.ortho_init) for _ in range(cfg.q_heads))
+            self.q_target = nn.ModuleList(mlp([in_dim + out_dim, *hidden, 1], act, 1.0, cfg.ortho_init)
+                                          for _ in range(cfg.q_heads))
+            self.q_target.load_state_dict(self.q.state_dict())
+            self.q_target.requires_grad_(False)
+            self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.init_temperature)))
         self.has_critic = cfg.critic
         if cfg.critic:
             self.critic = mlp([in_dim, *hidden, 1], act, 1.0, cfg.ortho_init)
@@ -120,18 +149,22 @@ class MLPPolicy(Policy):
         self._fn = _FUNCTIONS[cfg.activation]
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
         self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)] if cfg.critic else []
+        if self.has_q:
+            self._q_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q]
+            self._q_target_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q_target]
 
     @property
     def observation_keys(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._keys, *([TASK_KEY] if self._embed_task else [])]))
 
-    def _run(self, layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
-        """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead."""
+    def _run(self, layers: list[nn.Linear], x: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead;
+        ``detach``: through detached weights (gradients reach the input, not the layers)."""
         if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
             return (self.actor if layers is self._actor_layers else self.critic)(x)
         last = len(layers) - 1
         for i, lin in enumerate(layers):
-            x = F.linear(x, lin.weight, lin.bias)
+            x = F.linear(x, lin.weight.detach(), lin.bias.detach()) if detach else F.linear(x, lin.weight, lin.bias)
             if i < last:
                 x = self._fn(x)
         return x
@@ -153,10 +186,49 @@ class MLPPolicy(Policy):
         return self._value(self.features(obs))
 
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self._run(self._actor_layers, self.features(obs))
+        out = self._run(self._actor_layers, self.features(obs))
+        if self.squash:
+            return self._center + self._half * torch.tanh(out[..., :self._act_dim])
+        return out
+
+    # -- squashed Gaussian and Q heads (off-policy algorithms: SAC) -----------------------------
+    def _squashed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._run(self._actor_layers, x)
+        mean, log_std = out[..., :self._act_dim], out[..., self._act_dim:]
+        lo, hi = self.cfg.log_std_min, self.cfg.log_std_max
+        return mean, lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1.0)  # smooth bounds
+
+    def _squash_logp(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        """log-prob of the action tanh(u), scaled into the bounds: Gaussian log-prob of u minus
+        log|d action / d u| (the numerically stable form of log(1 - tanh(u)^2))."""
+        z = (u - mean) * torch.exp(-log_std)
+        gauss = (-0.5 * z * z - log_std - _LOG_SQRT_2PI).sum(-1)
+        jac = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u)) + torch.log(self._half)
+        return gauss - jac.sum(-1)
+
+    def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action sample (differentiable) and its log-prob [B] (squash only)."""
+        mean, log_std = self._squashed(self.features(obs))
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        return self._center + self._half * torch.tanh(u), self._squash_logp(u, mean, log_std)
+
+    def q_values(self, obs: dict[str, torch.Tensor], action: torch.Tensor, target: bool = False,
+                 detach: bool = False) -> torch.Tensor:
+        """Q(s, a) of every head, [K, B]; ``action`` in the env's units. ``target``: the Polyak
+        copies; ``detach``: gradients reach the action but not the heads (the actor's loss)."""
+        x = torch.cat([self.features(obs), (action.float() - self._center) / self._half], dim=-1)
+        heads = self._q_target_layers if target else self._q_layers
+        return torch.stack([self._run(layers, x, detach=detach).squeeze(-1) for layers in heads])
+
+    @torch.no_grad()
+    def update_targets(self, tau: float) -> None:
+        """Polyak averaging: target <- (1 - tau) target + tau online."""
+        online = [p for p in self.q.parameters()]
+        target = [p for p in self.q_target.parameters()]
+        torch._foreach_lerp_(target, online, tau)
 
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
-        if self.env_spec.discrete:
+        if self.env_spec.discrete or self.squash:
             return False
         if std is not None:
             with torch.no_grad():
@@ -174,6 +246,13 @@ class MLPPolicy(Policy):
             else:
                 action = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
             logp = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        elif self.squash:
+            mean, log_std = out[..., :self._act_dim], out[..., self._act_dim:]
+            lo, hi = self.cfg.log_std_min, self.cfg.log_std_max
+            log_std = lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1.0)
+            u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+            action = self._center + self._half * torch.tanh(u)
+            logp = self._squash_logp(u, mean, log_std)
         else:
             std = self.log_std.exp()
             action = out if deterministic else out + std * torch.randn_like(out)
@@ -187,6 +266,11 @@ class MLPPolicy(Policy):
             logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
+        elif self.squash:
+            mean, log_std = self._squashed(x)
+            y = ((action.float() - self._center) / self._half).clamp(-1 + 1e-6, 1 - 1e-6)
+            logp = self._squash_logp(torch.atanh(y), mean, log_std)
+            entropy = -logp.detach()  # no closed form under the squash: a one-sample estimate
         else:
             logp = self._gauss_logp(action, out)
             entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0])
