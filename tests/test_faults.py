@@ -71,6 +71,7 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["collect", "output=d", "epsilon=1.5"], "a probability in [0, 1]"),
     (["sft", "dataset=d", "val_fraction=1"], "a fraction in [0, 1)"),
     (["pipeline", "rl.total_steps=0"], "'total_steps': 0"),
+    (["pipeline", "sim=arithmetic"], "`rlinf pipeline` runs embodied simulators; for the text task 'arithmetic'"),
 ])
 def test_out_of_range_values_fail_at_once_and_write_nothing(workdir, args, needle):
     # refused before any simulator, model or tracking store was built: none of them was even

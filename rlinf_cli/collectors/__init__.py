@@ -11,7 +11,7 @@ from typing import Any
 
 from rlinf_cli.collectors.base import Evaluation, training_seeds
 
-__all__ = ["Evaluation", "make", "dataset_source", "training_seeds"]
+__all__ = ["Evaluation", "check_pipeline", "make", "dataset_source", "training_seeds"]
 
 
 def modality(sim_node: Any) -> str:
@@ -22,6 +22,15 @@ def modality(sim_node: Any) -> str:
     if not name:
         return "embodied"
     return str(get_registry().get("simulator", str(name)).attrs.get("modality", "embodied"))
+
+
+def check_pipeline(sim_node: Any) -> None:
+    """`rlinf pipeline` compares random, expert, clone and RL policies on episodes: embodied only."""
+    if modality(sim_node) == "text":
+        from rlinf_cli.errors import UserError
+
+        raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{sim_node.get('name')}' run "
+                        "collect, sft, rl and eval (see docs/llm.md)")
 
 
 def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> Any:

@@ -51,14 +51,12 @@ def route(args: list[str]) -> dict[str, list[str]]:
 def _check(routed: dict[str, list[str]]) -> Any:
     """Every step's settings are checked before the first one runs (placeholders stand for the
     inputs that earlier steps produce); returns the composed collect config."""
-    from rlinf_cli.collectors import modality
+    from rlinf_cli.collectors import check_pipeline
     from rlinf_cli.config import compose
     from rlinf_cli.validate import validate
 
     probe = compose("collect", routed["collect"] + ["output=unused"])
-    if modality(probe.sim) == "text":
-        raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{probe.sim.name}' run "
-                        "collect, sft, rl and eval (see docs/llm.md)")
+    check_pipeline(probe.sim)
     placeholders = {"collect": ["output=unused"], "sft": ["dataset=unused"], "eval": ["checkpoint=random"]}
     for step in STEPS:
         name = _STAGE_OF[step]

@@ -144,6 +144,9 @@ class RayExecutor:
                 kwargs["address"] = self.cfg.address
             else:  # a local instance with room for every actor, even on a small machine
                 kwargs["num_cpus"] = max(placement.cpu_cores(), int(workers * self.cfg.num_cpus_per_worker + 0.999))
+                # Ray gives its GCS server 30 s to come up; a busy 2-core machine can need more
+                # (seen in the test suite under load). A user's own value wins.
+                os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user instance
             try:
                 ray.init(**kwargs)
