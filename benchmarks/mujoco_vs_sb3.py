@@ -208,8 +208,10 @@ def main() -> None:
     tasks = [t for t in args.tasks.split(",") if t]
     algos = [a for a in args.algos.split(",") if a]
     print(machine_line())
-    print(f"tasks {tasks}; PPO {args.ppo_steps:,} steps ({args.envs} envs x {args.n_steps}); SAC {args.sac_steps:,} "
-          f"steps (warm-up {args.sac_warmup:,}); seeds {args.seed}..{args.seed + args.seeds - 1}", flush=True)
+    budgets = {"ppo": f"PPO {args.ppo_steps:,} steps ({args.envs} envs x {args.n_steps})",
+               "sac": f"SAC {args.sac_steps:,} steps (warm-up {args.sac_warmup:,})"}
+    print(f"tasks {tasks}; {'; '.join(budgets[a] for a in algos)}; seeds {args.seed}..{args.seed + args.seeds - 1}",
+          flush=True)
     runs: dict[str, list[dict]] = {}
     for s in range(args.seeds):
         seed = args.seed + s
