@@ -54,3 +54,26 @@ def test_vla_collect_sft_ppo_grpo_eval_chain(cli, workdir):
     episodes = result["per_episode"]
     assert len(episodes) == 4
     assert result["eval"]["success_once"] == pytest.approx(np.mean([e["success_once"] for e in episodes]))
+
+
+def test_vla_from_pixels_proprio_and_instruction(cli, workdir):
+    """Demonstrations with state + image; the VLA reads the image, proprioception and instruction
+    only, so it is trained with PPO and evaluated on a simulator that gives no state at all."""
+    pix = ["sim=metaworld", "sim.task=reach-v3", "sim.max_episode_steps=30", "sim.image_size=48"]
+    res = cli("collect", *pix, "sim.obs=state_rgb", *QUIET, "policy=expert", "episodes=2", "num_envs=2", "output=data")
+    assert res.code == 0, res.err
+    res = cli("sft", *QUIET, *VLA, "model.obs_keys=[rgb,proprio,instruction]", "dataset=data", "algo.epochs=2",
+              "eval.episodes=0", "run_dir=runs/sft")
+    assert res.code == 0, res.err
+    sft = workdir / "runs" / "sft" / "checkpoints" / "best"
+    res = cli("rl", "--algo", "ppo", *QUIET, *pix, "sim.obs=rgb", f"init={sft}", "num_envs=2", "algo.rollout_steps=16",
+              "total_steps=64", "algo.critic_warmup_iters=1", "eval.episodes=0", "run_dir=runs/ppo")
+    assert res.code == 0, res.err
+    ppo = workdir / "runs" / "ppo" / "checkpoints" / "final"
+    res = cli("eval", *QUIET, *pix, "sim.obs=rgb", f"checkpoint={ppo}", "episodes=2", "num_envs=2", "run_dir=runs/eval")
+    assert res.code == 0, res.err
+    from rlinf_cli.policy import load_policy
+
+    policy = load_policy(ppo)
+    assert policy.observation_keys == ("rgb", "proprio", "instruction") and "rgb" in policy.vision
+    assert len(json.loads((workdir / "runs" / "eval" / "result.json").read_text())["per_episode"]) == 2
