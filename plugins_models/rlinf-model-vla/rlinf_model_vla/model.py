@@ -43,14 +43,17 @@ from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, ActOutput, EvalOutput, Pol
 
 BACKBONE_DIR = "backbone"  # the LM's transformers config and tokenizer (weights live in model.safetensors)
 VISION_DIR = "vision"  # vision=hf: the vision model's transformers config
-HEADS = ("tokens",)
+HEADS = ("tokens", "chunk")
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 SKIP_KEYS = (TASK_KEY, "video")  # the instruction, not a task id, tells the policy the task
 
 
 @dataclass(frozen=True)
 class VLAConfig:
     obs_keys: tuple[str, ...] | None = None  # entries the model reads; None = all but task_id and video
-    head: str = "tokens"  # action head: tokens
+    head: str = "tokens"  # action head: tokens | chunk
+    chunk: int = 4  # chunk head: env actions per policy step (K), decoded in parallel
+    log_std_init: float = -0.5  # chunk head: initial log std of the Gaussian over each action
     bins: int = 64  # tokens head: bins per continuous action dimension
     action_tokens: str = "auto"  # auto | append | last: which vocabulary ids are the bins
     temperature: float = 1.0  # sampling temperature of action tokens
@@ -70,8 +73,10 @@ class VLAConfig:
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
-            hint = " (the chunk head is not built yet: docs/vla.md)" if self.head == "chunk" else ""
+            hint = " (the flow head is not built yet: docs/vla.md)" if self.head == "flow" else ""
             raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}{hint}")
+        if self.head == "chunk" and self.chunk < 2:
+            raise ValueError("chunk must be >= 2 (head=tokens acts one step at a time)")
         if self.bins < 2:
             raise ValueError("bins must be >= 2")
         if self.action_tokens not in ("auto", "append", "last"):
@@ -207,18 +212,29 @@ class VLAPolicy(Policy):
         hidden = int(self.lm.get_input_embeddings().weight.shape[1])
         self.hidden = hidden
 
-        # action tokens
+        # action head
+        self.action_chunk = cfg.chunk if cfg.head == "chunk" else 1  # read by the runtime (rlinf_cli.runtime.chunking)
         if env_spec.discrete:
+            if cfg.head == "chunk":
+                raise UserError("model.head=chunk needs continuous actions; use model.head=tokens for discrete ones")
             self.dims, self.nbins = 1, int(env_spec.num_actions)
         else:
             a = env_spec.action
-            if a.low is None or a.high is None:
+            bounded = a.low is not None and a.high is not None
+            if cfg.head == "tokens" and not bounded:
                 raise UserError("model=vla discretises actions over their bounds: the simulator's action space has none")
             self.dims, self.nbins = math.prod(a.shape), cfg.bins
-            for name, bound in (("low", a.low), ("high", a.high)):
+            for name, bound in (("low", a.low), ("high", a.high)) if bounded else ():
                 full = np.array(np.broadcast_to(np.asarray(bound, np.float32), a.shape)).reshape(-1)
                 self.register_buffer(name, torch.from_numpy(full), persistent=False)
-        self.register_buffer("action_ids", self._action_token_ids(), persistent=False)
+        if cfg.head == "tokens":
+            self.register_buffer("action_ids", self._action_token_ids(), persistent=False)
+        else:  # K query tokens after the prefix; their hidden states are the K actions' means
+            self.queries = nn.Parameter(torch.randn(cfg.chunk, hidden) * 0.02)
+            self.action_out = nn.Linear(hidden, self.dims)
+            nn.init.zeros_(self.action_out.bias)
+            nn.init.normal_(self.action_out.weight, std=0.01)
+            self.log_std = nn.Parameter(torch.full((cfg.chunk, self.dims), float(cfg.log_std_init)))
 
         # encoders of the other inputs
         self.vision = nn.ModuleDict()
@@ -344,9 +360,42 @@ class VLAPolicy(Policy):
         h, _ = self._backbone(x, attn)
         return self._logits(h[:, p - 1:]), self._value(h[:, p - 1])
 
+    # -- chunk head ------------------------------------------------------------------------
+    def _chunk_means(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Means [B, K, d] of the K actions (one pass: K query tokens after the prefix), value [B]."""
+        x, attn = self._prefix(obs)
+        b, p = x.shape[0], x.shape[1]
+        x = torch.cat([x, self.queries.unsqueeze(0).expand(b, -1, -1)], dim=1)
+        attn = torch.cat([attn, torch.ones_like(attn[:, : self.action_chunk])], dim=1)
+        h, _ = self._backbone(x, attn)
+        means = self.action_out(h[:, p:])
+        return means.view(b, self.action_chunk, *self.env_spec.action.shape), self._value(h[:, p - 1])
+
+    def _chunk_logp(self, action: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        log_std = self.log_std.view(self.action_chunk, *self.env_spec.action.shape)
+        z = (action - means) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - _LOG_SQRT_2PI).flatten(1).sum(-1)
+
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
+        if self.cfg.head != "chunk":
+            return False
+        if std is not None:
+            with torch.no_grad():
+                self.log_std.fill_(math.log(std))
+        self.log_std.requires_grad_(trainable)
+        return True
+
+    # -- policy interface ------------------------------------------------------------------
     def act(self, obs: dict[str, Any], deterministic: bool = False) -> ActOutput:
-        """Decode the action tokens one dimension at a time, reusing the KV cache of the prefix."""
+        """tokens: decode the action tokens one dimension at a time, reusing the KV cache of the
+        prefix. chunk: K Gaussian actions from one pass."""
         from transformers import DynamicCache
+
+        if self.cfg.head == "chunk":
+            means, value = self._chunk_means(obs)
+            log_std = self.log_std.view_as(means[0])
+            action = means if deterministic else means + torch.exp(log_std) * torch.randn_like(means)
+            return ActOutput(action, self._chunk_logp(action, means), value)
 
         x, attn = self._prefix(obs)
         positions = (attn.cumsum(1) - 1).clamp_min(0)
@@ -368,6 +417,10 @@ class VLAPolicy(Policy):
         return ActOutput(self.from_bins(torch.stack(bins, dim=1)), logp, value)
 
     def evaluate(self, obs: dict[str, Any], action: torch.Tensor) -> EvalOutput:
+        if self.cfg.head == "chunk":
+            means, value = self._chunk_means(obs)
+            entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(means.shape[0])
+            return EvalOutput(self._chunk_logp(action.float(), means), entropy, value)
         bins = self.to_bins(action)
         logits, value = self._teacher_forced(obs, bins)
         lp = torch.log_softmax(logits, dim=-1)
@@ -383,6 +436,8 @@ class VLAPolicy(Policy):
     def mean_action(self, obs: dict[str, Any]) -> torch.Tensor:
         """Expected bin centre of each dimension given the greedy choice of the previous ones
         (differentiable), for ``algo.loss=mse``; ``nll`` (the default) is the natural BC loss here."""
+        if self.cfg.head == "chunk":
+            return self._chunk_means(obs)[0]
         if self.env_spec.discrete:
             raise UserError("model=vla on discrete actions: use algo.loss=nll")
         with torch.no_grad():
@@ -401,7 +456,7 @@ class VLAPolicy(Policy):
         """``model.safetensors`` (every weight) + ``config.json``, and the configs needed to rebuild
         the modules without the original directories: ``backbone/`` (LM config, tokenizer) and
         ``vision/<key>/`` (vision=hf)."""
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file
 
         from rlinf_cli import __version__
 
@@ -416,7 +471,16 @@ class VLAPolicy(Policy):
                 std = enc.std.flatten().tolist()
                 (path / VISION_DIR / k / "preprocessor_config.json").write_text(
                     json.dumps({"image_mean": mean, "image_std": std}))
-        save_model(self, str(path / MODEL_FILE))  # tied LM weights are stored once
+        # tied LM weights once; every other tensor copied out (an engine may keep parameters as
+        # views of one flat buffer, which safetensors' save_model refuses)
+        state: dict[str, torch.Tensor] = {}
+        seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
+        for k, v in self.state_dict().items():
+            key = (v.data_ptr(), tuple(v.shape), v.dtype)
+            if key not in seen:
+                seen.add(key)
+                state[k] = v.detach().clone().contiguous()
+        save_file(state, str(path / MODEL_FILE))
         meta = {"model": {**self.config, "backbone": {**self.config.get("backbone", {}), "path": None, "gguf_file": None},
                           "vision_path": None},
                 "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
