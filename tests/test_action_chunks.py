@@ -132,3 +132,29 @@ def test_chunk_policy_through_the_cli(cli, workdir):
     # demonstrations are one action per step: a chunk policy cannot record them
     res = cli("collect", *SIM, *QUIET, f"policy={sft}", "episodes=1", "num_envs=1", "output=data2")
     assert res.code == 2 and "acts in chunks of 4" in res.err
+
+
+def test_chunk_policy_in_worker_processes_resumes_exactly(cli, workdir):
+    """The chunked simulator travels to env worker processes, and a run resumed from its first
+    checkpoint replays the [K, d] actions of the running episodes and ends bit for bit equal."""
+    from safetensors.torch import load_file
+
+    from test_vla_cli import VLA
+
+    res = cli("collect", *SIM, *QUIET, "policy=expert", "episodes=2", "num_envs=2", "output=data")
+    assert res.code == 0, res.err
+    res = cli("sft", *QUIET, *VLA, "model.head=chunk", "model.chunk=4", "dataset=data", "algo.epochs=1",
+              "eval.episodes=0", "run_dir=runs/sft")
+    assert res.code == 0, res.err
+    args = [*QUIET, f"init={workdir / 'runs/sft/checkpoints/best'}", "num_envs=2", "algo.rollout_steps=8",
+            "total_steps=48", "algo.critic_warmup_iters=0", "eval.episodes=0", "runtime.mode=disaggregated",
+            "checkpoint.interval=1", "checkpoint.keep=10", "seed=3"]
+    res = cli("rl", "--algo", "ppo", *args, "run_dir=a")
+    assert res.code == 0, res.err
+    assert "worker process" in res.out + res.err
+    res = cli("rl", *QUIET, f"resume={workdir / 'a/checkpoints/iter_000001'}", "run_dir=c")
+    assert res.code == 0, res.err
+    full = load_file(str(workdir / "a/checkpoints/final/model.safetensors"))
+    resumed = load_file(str(workdir / "c/checkpoints/final/model.safetensors"))
+    for k in full:
+        torch.testing.assert_close(full[k], resumed[k], rtol=0, atol=0)
