@@ -97,7 +97,7 @@ def test_chunk_head_logprobs_match_and_round_trip(tmp_path):
     torch.testing.assert_close(ev.logprob, out.logprob, rtol=0, atol=1e-5)
     torch.testing.assert_close(ev.value, out.value, rtol=0, atol=1e-5)
     torch.testing.assert_close(det.action, policy.mean_action(obs).detach())
-    assert policy.set_action_std(0.3, trainable=False) and not policy.log_std.requires_grad
+    assert policy.set_action_std(0.3, trainable=False) and not policy.chunk_head.log_std.requires_grad
     policy.save_pretrained(tmp_path / "ckpt")
     loaded = load_policy(tmp_path / "ckpt")
     with torch.no_grad():

@@ -180,6 +180,24 @@ def _vision_from(cfg: VLAConfig, shape: Sequence[int], saved_dir: Path | None) -
     return encoder, config, mean, std
 
 
+class ChunkHead(nn.Module):
+    """The chunk head's parameters, used only through module calls (DeepSpeed ZeRO-3 gathers a
+    module's parameters just for its call): K query embeddings, the action projection and the
+    Gaussian's log std."""
+
+    def __init__(self, k: int, hidden: int, dims: int, log_std_init: float):
+        super().__init__()
+        self.queries = nn.Embedding(k, hidden)
+        nn.init.normal_(self.queries.weight, std=0.02)
+        self.out = nn.Linear(hidden, dims)
+        nn.init.zeros_(self.out.bias)
+        nn.init.normal_(self.out.weight, std=0.01)
+        self.log_std = nn.Parameter(torch.full((k, dims), float(log_std_init)))
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.out(h), self.log_std + 0.0  # a tensor of its own: ZeRO-3 releases the parameter after the call
+
+
 # -- the policy --------------------------------------------------------------------------------
 
 class VLAPolicy(Policy):
@@ -230,11 +248,7 @@ class VLAPolicy(Policy):
         if cfg.head == "tokens":
             self.register_buffer("action_ids", self._action_token_ids(), persistent=False)
         else:  # K query tokens after the prefix; their hidden states are the K actions' means
-            self.queries = nn.Parameter(torch.randn(cfg.chunk, hidden) * 0.02)
-            self.action_out = nn.Linear(hidden, self.dims)
-            nn.init.zeros_(self.action_out.bias)
-            nn.init.normal_(self.action_out.weight, std=0.01)
-            self.log_std = nn.Parameter(torch.full((cfg.chunk, self.dims), float(cfg.log_std_init)))
+            self.chunk_head = ChunkHead(cfg.chunk, hidden, self.dims, cfg.log_std_init)
 
         # encoders of the other inputs
         self.vision = nn.ModuleDict()
@@ -327,6 +341,8 @@ class VLAPolicy(Policy):
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the bin tokens only (the LM head's rows of those ids), at the sampling temperature."""
         head = self.lm.get_output_embeddings()
+        if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers the weight only inside the module's call
+            return head(h)[..., self.action_ids] / self.cfg.temperature
         w = head.weight[self.action_ids]
         b = head.bias[self.action_ids] if getattr(head, "bias", None) is not None else None
         return F.linear(h, w, b) / self.cfg.temperature
@@ -361,18 +377,21 @@ class VLAPolicy(Policy):
         return self._logits(h[:, p - 1:]), self._value(h[:, p - 1])
 
     # -- chunk head ------------------------------------------------------------------------
-    def _chunk_means(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Means [B, K, d] of the K actions (one pass: K query tokens after the prefix), value [B]."""
+    def _chunk_means(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Means [B, K, d] of the K actions (one pass: K query tokens after the prefix), their
+        log std [K, d] and the value [B]."""
         x, attn = self._prefix(obs)
         b, p = x.shape[0], x.shape[1]
-        x = torch.cat([x, self.queries.unsqueeze(0).expand(b, -1, -1)], dim=1)
+        x = torch.cat([x, self.chunk_head.queries(torch.arange(self.action_chunk, device=x.device)).expand(b, -1, -1)],
+                      dim=1)
         attn = torch.cat([attn, torch.ones_like(attn[:, : self.action_chunk])], dim=1)
         h, _ = self._backbone(x, attn)
-        means = self.action_out(h[:, p:])
-        return means.view(b, self.action_chunk, *self.env_spec.action.shape), self._value(h[:, p - 1])
+        means, log_std = self.chunk_head(h[:, p:])
+        shape = (self.action_chunk, *self.env_spec.action.shape)
+        return means.view(b, *shape), log_std.view(shape), self._value(h[:, p - 1])
 
-    def _chunk_logp(self, action: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
-        log_std = self.log_std.view(self.action_chunk, *self.env_spec.action.shape)
+    @staticmethod
+    def _chunk_logp(action: torch.Tensor, means: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
         z = (action - means) * torch.exp(-log_std)
         return (-0.5 * z * z - log_std - _LOG_SQRT_2PI).flatten(1).sum(-1)
 
@@ -381,8 +400,8 @@ class VLAPolicy(Policy):
             return False
         if std is not None:
             with torch.no_grad():
-                self.log_std.fill_(math.log(std))
-        self.log_std.requires_grad_(trainable)
+                self.chunk_head.log_std.fill_(math.log(std))
+        self.chunk_head.log_std.requires_grad_(trainable)
         return True
 
     # -- policy interface ------------------------------------------------------------------
@@ -392,10 +411,9 @@ class VLAPolicy(Policy):
         from transformers import DynamicCache
 
         if self.cfg.head == "chunk":
-            means, value = self._chunk_means(obs)
-            log_std = self.log_std.view_as(means[0])
+            means, log_std, value = self._chunk_means(obs)
             action = means if deterministic else means + torch.exp(log_std) * torch.randn_like(means)
-            return ActOutput(action, self._chunk_logp(action, means), value)
+            return ActOutput(action, self._chunk_logp(action, means, log_std), value)
 
         x, attn = self._prefix(obs)
         positions = (attn.cumsum(1) - 1).clamp_min(0)
@@ -418,9 +436,9 @@ class VLAPolicy(Policy):
 
     def evaluate(self, obs: dict[str, Any], action: torch.Tensor) -> EvalOutput:
         if self.cfg.head == "chunk":
-            means, value = self._chunk_means(obs)
-            entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(means.shape[0])
-            return EvalOutput(self._chunk_logp(action.float(), means), entropy, value)
+            means, log_std, value = self._chunk_means(obs)
+            entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum().expand(means.shape[0])
+            return EvalOutput(self._chunk_logp(action.float(), means, log_std), entropy, value)
         bins = self.to_bins(action)
         logits, value = self._teacher_forced(obs, bins)
         lp = torch.log_softmax(logits, dim=-1)
