@@ -11,7 +11,7 @@ PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-execut
            plugins_sims/rlinf-mujoco-gl plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld \
            plugins_sims/rlinf-sim-reasoning \
            plugins_sims/rlinf-sim-remote \
-           plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf
+           plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf plugins_models/rlinf-model-vla
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # Former distribution names: `rlinf` is now `rlinf-cli` (`rlinf` on the index is another project);
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).

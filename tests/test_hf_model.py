@@ -65,6 +65,8 @@ def test_save_and_load_model_dir(policy, tmp_path):
     for (k, a), (_, b) in zip(policy.lm.state_dict().items(), loaded.lm.state_dict().items()):
         assert torch.equal(a, b), k
     assert loaded.decode(loaded.encode_text("9+9=18")) == "9+9=18"
+    # the reloaded character tokenizer keeps spaces (AutoTokenizer would pick Qwen2's, which drops them)
+    assert loaded.encode_text("a b  c") == policy.encode_text("a b  c") and len(loaded.encode_text("a b  c")) == 6
     prompts = policy.encode_prompts(["12+3="])
     assert torch.equal(policy.generate(prompts, samples=1, max_new_tokens=4, greedy=True).tokens,
                        loaded.generate(prompts, samples=1, max_new_tokens=4, greedy=True).tokens)

@@ -208,3 +208,15 @@ def test_fast_helpers_give_metaworlds_numbers():
         touched += original
     assert touched > 0  # the expert grasped the puck: the contact branch ran
     env.close()
+
+
+def test_instructions_can_be_rephrased_or_swapped():
+    """sim.instructions replaces each task's text (in task order): how an evaluation swaps the
+    instructions between tasks to see whether a policy reads them."""
+    sim = make(tasks=["reach-v3", "push-v3"], instructions=["go to the goal", "shove the puck"])
+    env = SyncVecEnv(sim, [0, 1], autoreset=False)
+    obs = env.reset([0, 1])  # seed s runs tasks[s % 2]
+    assert list(obs["instruction"]) == ["go to the goal", "shove the puck"]
+    assert list(make(tasks=["reach-v3", "push-v3"]).instructions) == ["reach the goal position", "push the puck to the goal"]
+    with pytest.raises(UserError, match="one per task"):
+        make(tasks=["reach-v3", "push-v3"], instructions=["only one"])

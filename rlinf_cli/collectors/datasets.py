@@ -114,6 +114,12 @@ class EpisodeDataset:
 
             lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
         check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
+        from rlinf_cli.runtime.chunking import chunk_of, chunk_targets
+
+        k = chunk_of(policy)
+        if k > 1:  # a policy that acts in chunks clones each step's next k actions
+            self.actions = torch.as_tensor(chunk_targets(np.asarray(self.data.actions), np.asarray(self.data.episode), k),
+                                           device=self.actions.device)
 
     def _batch(self, idx: torch.Tensor) -> MiniBatch:
         return MiniBatch(None, None, None, None, obs={k: v[idx] for k, v in self.obs.items()}, actions=self.actions[idx])

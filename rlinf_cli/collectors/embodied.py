@@ -255,6 +255,16 @@ class EmbodiedCollector:
         if std is not None or not learn:
             policy.set_action_std(None if std is None else float(std), trainable=learn)
 
+    def chunk_for(self, policy: Any) -> None:
+        """A policy that emits K actions per step (``action_chunk``) gets envs that execute them:
+        the simulator is wrapped once (rlinf_cli/runtime/chunking.py)."""
+        from rlinf_cli.runtime.chunking import ChunkedSimulator, chunk_of
+
+        k = chunk_of(policy)
+        if k > 1 and not isinstance(self.sim, ChunkedSimulator):
+            self._sim = ChunkedSimulator(self.sim, k)
+            self._executor = None  # placed again for the chunked spec
+
     def actor(self, source: str, deterministic: bool, seed: int) -> Callable:
         """``act(obs) -> (output, env actions)`` for ``random``, ``expert`` or a checkpoint."""
         if source == "random":
@@ -263,6 +273,7 @@ class EmbodiedCollector:
             return expert_actor(self.sim)
         policy = self.policy(source)
         policy.eval()
+        self.chunk_for(policy)
         return self._policy_actor(policy, deterministic)
 
     def _policy_actor(self, policy: Any, deterministic: bool) -> Callable:
@@ -316,6 +327,7 @@ class EmbodiedCollector:
     def start(self, policy: Any, algo: Algorithm, rank: int, world: int, state: dict[str, Any],
               saved: dict[str, np.ndarray] | None) -> list[str]:
         """Place the envs and start (or, from ``saved``, continue) their episodes; returns notes."""
+        self.chunk_for(policy)
         spec = algo.rollout_spec()
         self._spec_rollout, self._rank, self._world = spec, rank, world
         num_envs = spec.groups * spec.group_size if spec.kind == "episodes" else int(self.cfg.num_envs)
@@ -586,6 +598,8 @@ class EmbodiedCollector:
         ``video_dir`` (``extra["videos"]``)."""
         from rlinf_cli.collectors.videos import evaluate_with_video
 
+        if not isinstance(policy, str):
+            self.chunk_for(policy)
         act = self.actor(policy, deterministic, seed) if isinstance(policy, str) else \
             self._policy_actor(policy, deterministic)
         eps, files = evaluate_with_video(self, act, episodes, seed, int(self.cfg.get("num_envs", 8)), video,
@@ -634,9 +648,15 @@ class EmbodiedCollector:
         fresh seeds and append the episodes it keeps to ``writer`` until ``want`` are kept."""
         from rlinf_cli.collectors.datasets import EpisodeBuffer, with_noise
 
+        from rlinf_cli.runtime.chunking import ChunkedSimulator
+
         cfg, first_seed = self.cfg, writer.provenance["first_seed"]
-        act = with_noise(self.actor(source, bool(cfg.deterministic), int(cfg.seed)), self.spec,
-                         float(cfg.action_noise), float(cfg.epsilon), np.random.default_rng(int(cfg.seed)))
+        actor = self.actor(source, bool(cfg.deterministic), int(cfg.seed))
+        if isinstance(self.sim, ChunkedSimulator):
+            raise UserError(f"'{source}' acts in chunks of {self.sim.k} actions: datasets hold one action per step, "
+                            "so collect demonstrations with policy=expert or a one-step policy")
+        act = with_noise(actor, self.spec, float(cfg.action_noise), float(cfg.epsilon),
+                         np.random.default_rng(int(cfg.seed)))
         n = max(1, min(int(cfg.num_envs), want))
         env = self.executor(act, n).make_vec_env(self.sim, n, autoreset=False)
         kept: list[Any] = []

@@ -114,6 +114,55 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def load_causal_lm(c: HFConfig, hf_dir: Path | None = None) -> tuple[Any, Any]:
+    """(causal LM, tokenizer) from ``hf_dir`` if given, else as ``c`` says: ``path`` (a
+    transformers directory or rlinf checkpoint, optionally ``gguf_file``) or ``preset``.
+
+    Other model plugins (rlinf-model-vla's language backbone) load their LM through this too.
+    """
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    if hf_dir is None and c.path is None and c.preset == "tiny":
+        tok = presets.char_tokenizer()
+        cfg = presets.tiny_config(len(tok), c.hidden_size, c.layers, c.heads, c.kv_heads, c.intermediate_size,
+                                  c.max_positions, tok)
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), tok
+    if hf_dir is None:
+        if c.path is None:  # preset smollm2
+            hf_dir = gguf_to_dir(presets.smollm2_gguf(), c.cache_dir)
+        elif c.gguf_file:
+            gguf = Path(c.gguf_file) if Path(c.gguf_file).is_absolute() else Path(c.path) / c.gguf_file
+            hf_dir = gguf_to_dir(gguf, c.cache_dir)
+        else:
+            hf_dir = _resolve_hf_dir(Path(c.path))
+    if not (hf_dir / "config.json").is_file():
+        raise UserError(f"model.path '{hf_dir}' is not a transformers model directory (no config.json)")
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+        tok = load_tokenizer(hf_dir)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load a causal LM from '{hf_dir}': {str(exc).splitlines()[0]}") from exc
+    return lm, tok
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The tokenizer saved in ``path``.
+
+    A generic fast tokenizer (the tiny preset's character tokenizer saves as ``TokenizersBackend``
+    or ``PreTrainedTokenizerFast``) is loaded as exactly that: ``AutoTokenizer`` would pick the
+    tokenizer class of the model type in the directory's ``config.json`` (``Qwen2Tokenizer``),
+    whose own pre-tokenizer drops every space of the character vocabulary.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = path / "tokenizer_config.json"
+    cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    if cls in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
 class HFCausalLM(Policy):
     """Token-level policy over a transformers causal LM (no critic: GRPO-family algorithms)."""
 
@@ -132,30 +181,7 @@ class HFCausalLM(Policy):
 
     # -- loading ---------------------------------------------------------------------------
     def _load(self, hf_dir: Path | None) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        c = self.cfg
-        if hf_dir is None and c.path is None and c.preset == "tiny":
-            tok = presets.char_tokenizer()
-            cfg = presets.tiny_config(len(tok), c.hidden_size, c.layers, c.heads, c.kv_heads, c.intermediate_size,
-                                      c.max_positions, tok)
-            return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), tok
-        if hf_dir is None:
-            if c.path is None:  # preset smollm2
-                hf_dir = gguf_to_dir(presets.smollm2_gguf(), c.cache_dir)
-            elif c.gguf_file:
-                gguf = Path(c.gguf_file) if Path(c.gguf_file).is_absolute() else Path(c.path) / c.gguf_file
-                hf_dir = gguf_to_dir(gguf, c.cache_dir)
-            else:
-                hf_dir = _resolve_hf_dir(Path(c.path))
-        if not (hf_dir / "config.json").is_file():
-            raise UserError(f"model.path '{hf_dir}' is not a transformers model directory (no config.json)")
-        try:
-            lm = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(str(hf_dir))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load a causal LM from '{hf_dir}': {str(exc).splitlines()[0]}") from exc
-        return lm, tok
+        return load_causal_lm(self.cfg, hf_dir)
 
     # -- persistence -----------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:

@@ -48,6 +48,7 @@ class MetaWorldConfig:
     image_size: int = 84  # rgb height and width in pixels
     camera: str = "corner"  # corner, corner2, corner3, corner4, topview, behindGripper, gripperPOV
     instruction: bool = True  # observation 'instruction': the task's language instruction (a text entry)
+    instructions: tuple[str, ...] = ()  # instruction texts per task, in task order; () = the built-in ones
     video_size: int = 0  # > 0: also render the camera at this size under the key "video" (evaluation videos)
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ class MetaWorldEnv:
     def __init__(self, cfg: MetaWorldConfig, task_names: tuple[str, ...], index: int):
         self.cfg = cfg
         self.tasks = task_names
-        self.instructions = tuple(task_sets.instruction(t) for t in task_names)
+        self.instructions = _instructions(cfg, task_names)
         self._envs: dict[int, Any] = {}
         # Unseeded resets (auto-reset) continue a stream that the last seeded reset restarted.
         self._stream = np.random.default_rng([index, 0x3E7A])
@@ -218,7 +219,7 @@ class MetaWorldSimulator:
 
             prepare_mujoco_gl()  # before anything imports mujoco
         self.tasks = _resolve_tasks(self.cfg)
-        self.instructions = tuple(task_sets.instruction(t) for t in self.tasks)
+        self.instructions = _instructions(self.cfg, self.tasks)
         # for titles and tables
         self.label = f"metaworld/{self.tasks[0] if len(self.tasks) == 1 else self.cfg.benchmark or f'{len(self.tasks)} tasks'}"
         self.spec = self._spec()
@@ -258,6 +259,17 @@ class MetaWorldSimulator:
             raise UserError("the scripted experts read the state: collect with sim.obs=state_rgb "
                             "(a pixel policy can still leave it out: model.obs_keys=[rgb,proprio])")
         return ScriptedExpert(self.tasks)
+
+
+def _instructions(cfg: MetaWorldConfig, tasks: tuple[str, ...]) -> tuple[str, ...]:
+    """Each task's instruction: ``sim.instructions`` (other phrasings, or instructions swapped
+    between tasks to test whether a policy reads them) or the built-in texts."""
+    if not cfg.instructions:
+        return tuple(task_sets.instruction(t) for t in tasks)
+    if len(cfg.instructions) != len(tasks):
+        raise UserError(f"sim.instructions has {len(cfg.instructions)} texts for {len(tasks)} tasks {list(tasks)}: "
+                        "give one per task, in task order")
+    return tuple(str(t) for t in cfg.instructions)
 
 
 def _resolve_tasks(cfg: MetaWorldConfig) -> tuple[str, ...]:

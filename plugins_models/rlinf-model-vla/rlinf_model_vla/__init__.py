@@ -1,0 +1,1 @@
+"""rlinf-model-vla: vision-language-action policies for rlinf."""

@@ -1,0 +1,523 @@
+"""A vision-language-action policy: images, proprioception and the instruction in front of a
+causal LM, actions out as LM tokens.
+
+Sequence fed to the backbone, one row per env (left-padded to the longest instruction)::
+
+    [pad ...] <bos> instruction tokens | image tokens | proprio token | action tokens a_1 .. a_D
+    \\________ text, varies ________/   \\______ fixed length ______/   \\_ the head's output _/
+
+The instruction comes first so that the part that changes every step (images, proprioception)
+and the action tokens sit at fixed positions, and a later KV cache of the instruction prefix can
+be reused across steps.
+
+``tokens`` head (OpenVLA-style): each continuous action dimension is discretised into ``bins``
+uniform bins over the action bounds, and bin ``i`` of every dimension is the vocabulary token
+``action_ids[i]`` (the vocabulary's last ``bins`` ids for a real LM, new ids appended to a tiny
+one). Actions are decoded one dimension after the other with a KV cache; the distribution of a
+dimension is the LM's softmax restricted to the bin tokens. The log-prob of an action is the sum
+of its token log-probs, so PPO, GRPO and BC use it like any policy's. The value head reads the
+backbone's hidden state at the last prefix position (before the first action token). Discrete
+action spaces are one token over ``num_actions`` ids.
+
+The env receives bin centres, so ``evaluate`` maps an action back to exactly the bins it came
+from; a demonstrated action is put in the bin that contains it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlinf_cli import settings
+from rlinf_cli.api import TASK_KEY, EnvSpec
+from rlinf_cli.errors import UserError
+from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, ActOutput, EvalOutput, Policy, read_model_config
+
+BACKBONE_DIR = "backbone"  # the LM's transformers config and tokenizer (weights live in model.safetensors)
+VISION_DIR = "vision"  # vision=hf: the vision model's transformers config
+HEADS = ("tokens", "chunk")
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+SKIP_KEYS = (TASK_KEY, "video")  # the instruction, not a task id, tells the policy the task
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    obs_keys: tuple[str, ...] | None = None  # entries the model reads; None = all but task_id and video
+    head: str = "tokens"  # action head: tokens | chunk
+    chunk: int = 4  # chunk head: env actions per policy step (K), decoded in parallel
+    log_std_init: float = -0.5  # chunk head: initial log std of the Gaussian over each action
+    bins: int = 64  # tokens head: bins per continuous action dimension
+    action_tokens: str = "auto"  # auto | append | last: which vocabulary ids are the bins
+    temperature: float = 1.0  # sampling temperature of action tokens
+    critic: bool = True  # value head on the backbone's hidden state
+    max_instruction_tokens: int = 64  # instructions are cut to this many tokens
+    vision: str = "cnn"  # cnn | hf
+    vision_path: str | None = None  # vision=hf: local transformers vision model directory; None = tiny ViT
+    image_tokens: int = 4  # tokens per image (hf: patch tokens average-pooled to this many; 0 = all)
+    cnn_channels: tuple[int, ...] = (16, 32)
+    cnn_kernels: tuple[int, ...] = (8, 4)
+    cnn_strides: tuple[int, ...] = (4, 2)
+    vit_hidden_size: int = 128
+    vit_layers: int = 2
+    vit_heads: int = 4
+    vit_patch_size: int = 14
+    backbone: dict[str, Any] = field(default_factory=dict)  # rlinf-model-hf's HFConfig keys
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            hint = " (the flow head is not built yet: docs/vla.md)" if self.head == "flow" else ""
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}{hint}")
+        if self.head == "chunk" and self.chunk < 2:
+            raise ValueError("chunk must be >= 2 (head=tokens acts one step at a time)")
+        if self.bins < 2:
+            raise ValueError("bins must be >= 2")
+        if self.action_tokens not in ("auto", "append", "last"):
+            raise ValueError("action_tokens must be auto, append or last")
+        if self.vision not in ("cnn", "hf"):
+            raise ValueError(f"vision must be cnn or hf, got {self.vision!r}")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        if not len(self.cnn_channels) == len(self.cnn_kernels) == len(self.cnn_strides):
+            raise ValueError("cnn_channels, cnn_kernels and cnn_strides must have the same length")
+        if self.image_tokens < 0 or (self.vision == "cnn" and self.image_tokens < 1):
+            raise ValueError("image_tokens must be >= 1 for vision=cnn (>= 0 for hf)")
+
+
+# -- vision encoders ---------------------------------------------------------------------------
+
+class CNNImageTokens(nn.Module):
+    """[B, H, W, C] uint8 -> [B, image_tokens, hidden]: a conv stack, then one linear projection."""
+
+    def __init__(self, shape: Sequence[int], cfg: VLAConfig, hidden: int):
+        super().__init__()
+        h, w, c = shape
+        layers: list[nn.Module] = []
+        for out_c, k, s in zip(cfg.cnn_channels, cfg.cnn_kernels, cfg.cnn_strides):
+            layers += [nn.Conv2d(c, out_c, k, s), nn.ReLU()]
+            c = out_c
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, shape[2], h, w)).shape[1]
+        self.tokens, self.hidden = cfg.image_tokens, hidden
+        self.proj = nn.Linear(n, cfg.image_tokens * hidden)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
+        return self.proj(self.conv(x)).view(img.shape[0], self.tokens, self.hidden)
+
+
+class HFImageTokens(nn.Module):
+    """A transformers vision model (ViT, SigLIP, CLIP, DINOv2 ...) -> projected patch tokens.
+
+    Images are resized to the model's input size and normalised with its processor's mean/std
+    (``preprocessor_config.json`` when the directory has one, else 0.5/0.5).
+    """
+
+    def __init__(self, encoder: nn.Module, config: Any, mean: Sequence[float], std: Sequence[float],
+                 tokens: int, hidden: int):
+        super().__init__()
+        self.encoder, self.config = encoder, config
+        self.size = int(getattr(config, "image_size", 224))
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.tokens = tokens
+        self.proj = nn.Linear(int(config.hidden_size), hidden)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
+        if x.shape[-1] != self.size or x.shape[-2] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        x = (x - self.mean) / self.std
+        h = self.encoder(pixel_values=x).last_hidden_state  # [B, patches (+ cls), Hv]
+        if self.tokens and h.shape[1] > self.tokens:
+            h = F.adaptive_avg_pool1d(h.transpose(1, 2), self.tokens).transpose(1, 2)
+        return self.proj(h)
+
+
+def _vision_from(cfg: VLAConfig, shape: Sequence[int], saved_dir: Path | None) -> tuple[nn.Module, Any, list, list]:
+    """(encoder module, its config, mean, std) for vision=hf: from the saved config, a local
+    directory, or a tiny ViT built from a config."""
+    from transformers import AutoConfig, AutoModel, ViTConfig, ViTModel
+
+    mean, std = [0.5] * 3, [0.5] * 3
+    src = saved_dir or (Path(cfg.vision_path) if cfg.vision_path else None)
+    if src is not None:
+        pre = src / "preprocessor_config.json"
+        if pre.is_file():
+            p = json.loads(pre.read_text())
+            mean, std = list(p.get("image_mean", mean)), list(p.get("image_std", std))
+    if saved_dir is not None:  # weights come from model.safetensors
+        config = AutoConfig.from_pretrained(str(saved_dir))
+        model = AutoModel.from_config(config)
+    elif cfg.vision_path:
+        if not (Path(cfg.vision_path) / "config.json").is_file():
+            raise UserError(f"model.vision_path '{cfg.vision_path}' is not a transformers model directory (no config.json)")
+        try:
+            model = AutoModel.from_pretrained(cfg.vision_path, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot load a vision model from '{cfg.vision_path}': {str(exc).splitlines()[0]}") from exc
+    else:
+        config = ViTConfig(image_size=int(shape[0]), patch_size=cfg.vit_patch_size, hidden_size=cfg.vit_hidden_size,
+                           num_hidden_layers=cfg.vit_layers, num_attention_heads=cfg.vit_heads,
+                           intermediate_size=cfg.vit_hidden_size * 4)
+        model = ViTModel(config, add_pooling_layer=False)
+    # CLIP / SigLIP models hold a text tower too: keep the vision transformer alone (and its
+    # own config, which is what a saved checkpoint rebuilds it from)
+    encoder = getattr(model, "vision_model", model)
+    if getattr(encoder, "pooler", None) is not None:  # ViT's pooler: unused here (patch tokens are)
+        encoder.pooler = None
+    config = getattr(encoder, "config", model.config)
+    if hasattr(config, "vision_config"):
+        config = config.vision_config
+    return encoder, config, mean, std
+
+
+class ChunkHead(nn.Module):
+    """The chunk head's parameters, used only through module calls (DeepSpeed ZeRO-3 gathers a
+    module's parameters just for its call): K query embeddings, the action projection and the
+    Gaussian's log std."""
+
+    def __init__(self, k: int, hidden: int, dims: int, log_std_init: float):
+        super().__init__()
+        self.queries = nn.Embedding(k, hidden)
+        nn.init.normal_(self.queries.weight, std=0.02)
+        self.out = nn.Linear(hidden, dims)
+        nn.init.zeros_(self.out.bias)
+        nn.init.normal_(self.out.weight, std=0.01)
+        self.log_std = nn.Parameter(torch.full((k, dims), float(log_std_init)))
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.out(h), self.log_std + 0.0  # a tensor of its own: ZeRO-3 releases the parameter after the call
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+class VLAPolicy(Policy):
+    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec, *, _saved: Path | None = None):
+        super().__init__(config, env_spec)
+        from rlinf_model_hf.model import HFConfig, load_causal_lm, load_tokenizer
+
+        cfg = settings.build(VLAConfig, self.config, "model")
+        self.cfg = cfg
+        self.lm_cfg = settings.build(HFConfig, cfg.backbone, "model.backbone")
+        keys = cfg.obs_keys if cfg.obs_keys is not None else tuple(k for k in env_spec.observation if k not in SKIP_KEYS)
+        missing = [k for k in keys if k not in env_spec.observation]
+        if missing:
+            raise UserError(f"model.obs_keys {list(keys)}: the simulator has no {missing}; it gives {sorted(env_spec.observation)}")
+        self._keys = tuple(keys)
+        obs = env_spec.observation
+        self._text = [k for k in keys if obs[k].is_text]
+        self._images = [k for k in keys if not obs[k].is_text and len(obs[k].shape) == 3]
+        self._flat = [k for k in keys if k not in self._text and k not in self._images]
+
+        # language backbone: rlinf-model-hf's loader (a saved checkpoint rebuilds it from its config)
+        if _saved is not None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            self.lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(_saved / BACKBONE_DIR)),
+                                                       dtype=torch.float32)
+            self.tokenizer = load_tokenizer(_saved / BACKBONE_DIR)
+        else:
+            self.lm, self.tokenizer = load_causal_lm(self.lm_cfg)
+        hidden = int(self.lm.get_input_embeddings().weight.shape[1])
+        self.hidden = hidden
+
+        # action head
+        self.action_chunk = cfg.chunk if cfg.head == "chunk" else 1  # read by the runtime (rlinf_cli.runtime.chunking)
+        if env_spec.discrete:
+            if cfg.head == "chunk":
+                raise UserError("model.head=chunk needs continuous actions; use model.head=tokens for discrete ones")
+            self.dims, self.nbins = 1, int(env_spec.num_actions)
+        else:
+            a = env_spec.action
+            bounded = a.low is not None and a.high is not None
+            if cfg.head == "tokens" and not bounded:
+                raise UserError("model=vla discretises actions over their bounds: the simulator's action space has none")
+            self.dims, self.nbins = math.prod(a.shape), cfg.bins
+            for name, bound in (("low", a.low), ("high", a.high)) if bounded else ():
+                full = np.array(np.broadcast_to(np.asarray(bound, np.float32), a.shape)).reshape(-1)
+                self.register_buffer(name, torch.from_numpy(full), persistent=False)
+        if cfg.head == "tokens":
+            self.register_buffer("action_ids", self._action_token_ids(), persistent=False)
+        else:  # K query tokens after the prefix; their hidden states are the K actions' means
+            self.chunk_head = ChunkHead(cfg.chunk, hidden, self.dims, cfg.log_std_init)
+
+        # encoders of the other inputs
+        self.vision = nn.ModuleDict()
+        for k in self._images:
+            if cfg.vision == "cnn":
+                self.vision[k] = CNNImageTokens(obs[k].shape, cfg, hidden)
+            else:
+                enc, vcfg, mean, std = _vision_from(cfg, obs[k].shape, _saved / VISION_DIR / k if _saved else None)
+                self.vision[k] = HFImageTokens(enc, vcfg, mean, std, cfg.image_tokens, hidden)
+        flat_dim = sum(math.prod(obs[k].shape) or 1 for k in self._flat)
+        self.proprio = nn.Linear(flat_dim, hidden) if self._flat else None
+        self.has_critic = cfg.critic
+        if cfg.critic:
+            self.critic = nn.Linear(hidden, 1)
+            nn.init.zeros_(self.critic.weight)
+            nn.init.zeros_(self.critic.bias)
+        self._ids_cache: dict[str, list[int]] = {}
+
+    def _action_token_ids(self) -> torch.Tensor:
+        """The vocabulary ids of the bins: the last ``nbins`` ids of a large vocabulary (OpenVLA
+        overwrites its least used tokens), or ids appended after the tokenizer's vocabulary."""
+        base = len(self.tokenizer)
+        mode = self.cfg.action_tokens
+        if mode == "auto":
+            mode = "last" if base >= 1000 + self.nbins else "append"
+        if mode == "last":
+            if base < self.nbins + 4:
+                raise UserError(f"model.action_tokens=last: the vocabulary ({base}) is too small for {self.nbins} bins")
+            return torch.arange(base - self.nbins, base)
+        need = base + self.nbins
+        if self.lm.get_input_embeddings().weight.shape[0] < need:
+            self.lm.resize_token_embeddings(need, mean_resizing=False)
+        return torch.arange(base, need)
+
+    @property
+    def observation_keys(self) -> tuple[str, ...]:
+        return self._keys
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _text_ids(self, text: str) -> list[int]:
+        ids = self._ids_cache.get(text)
+        if ids is None:
+            tok = self.tokenizer
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            ids = bos + list(tok.encode(text, add_special_tokens=False))[: self.cfg.max_instruction_tokens]
+            if len(self._ids_cache) < 10_000:
+                self._ids_cache[text] = ids
+        return ids
+
+    def _prefix(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings [B, P, H] and attention mask [B, P] of everything before the action tokens."""
+        embed = self.lm.get_input_embeddings()
+        dev = embed.weight.device
+        batch = self._batch_size(obs)
+        texts = [" ".join(str(obs[k][i]) for k in self._text) for i in range(batch)] if self._text else [""] * batch
+        rows = [self._text_ids(t) for t in texts]
+        width = max(len(r) for r in rows)
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        ids = torch.full((batch, width), pad, dtype=torch.long)
+        attn = torch.zeros((batch, width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            if r:
+                ids[i, width - len(r):] = torch.tensor(r)
+                attn[i, width - len(r):] = 1
+        parts = [embed(ids.to(dev))]
+        parts += [self.vision[k](obs[k].to(dev)) for k in self._images]
+        if self.proprio is not None:
+            flat = torch.cat([obs[k].reshape(batch, -1).float().to(dev) for k in self._flat], dim=-1)
+            parts.append(self.proprio(flat).unsqueeze(1))
+        x = torch.cat(parts, dim=1)
+        attn = torch.cat([attn.to(dev), torch.ones((batch, x.shape[1] - width), dtype=torch.long, device=dev)], dim=1)
+        return x, attn
+
+    def _batch_size(self, obs: Mapping[str, Any]) -> int:
+        for k in self._keys:
+            return len(obs[k])
+        raise UserError("model=vla reads no observation entries (model.obs_keys is empty)")
+
+    def _backbone(self, x: torch.Tensor, attn: torch.Tensor, past: Any = None, positions: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, Any]:
+        if positions is None:
+            positions = (attn.cumsum(1) - 1).clamp_min(0)
+        from rlinf_model_hf.sampling import cache_kw, out_cache
+
+        base = self.lm.base_model
+        out = base(inputs_embeds=x, attention_mask=attn, position_ids=positions, use_cache=past is not None,
+                   **({cache_kw(base): past} if past is not None else {}))
+        return out.last_hidden_state, out_cache(out) if past is not None else None
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the bin tokens only (the LM head's rows of those ids), at the sampling temperature."""
+        head = self.lm.get_output_embeddings()
+        if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers the weight only inside the module's call
+            return head(h)[..., self.action_ids] / self.cfg.temperature
+        w = head.weight[self.action_ids]
+        b = head.bias[self.action_ids] if getattr(head, "bias", None) is not None else None
+        return F.linear(h, w, b) / self.cfg.temperature
+
+    def _value(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self.critic(h_last).squeeze(-1) if self.has_critic else h_last.new_zeros(h_last.shape[0])
+
+    # -- actions <-> bins ------------------------------------------------------------------
+    def to_bins(self, action: torch.Tensor) -> torch.Tensor:
+        if self.env_spec.discrete:
+            return action.long().reshape(-1, 1)
+        a = action.reshape(action.shape[0], -1).float()
+        scaled = (a - self.low) / (self.high - self.low) * self.nbins
+        return scaled.floor().long().clamp_(0, self.nbins - 1)
+
+    def from_bins(self, bins: torch.Tensor) -> torch.Tensor:
+        if self.env_spec.discrete:
+            return bins[:, 0]
+        a = self.low + (bins.float() + 0.5) * (self.high - self.low) / self.nbins
+        return a.view(bins.shape[0], *self.env_spec.action.shape)
+
+    # -- policy interface ------------------------------------------------------------------
+    def _teacher_forced(self, obs: Mapping[str, Any], bins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bin logits [B, D, nbins] of every dimension given the previous ones, and the value [B]."""
+        x, attn = self._prefix(obs)
+        p = x.shape[1]
+        if self.dims > 1:
+            prev = self.lm.get_input_embeddings()(self.action_ids[bins[:, :-1]])
+            x = torch.cat([x, prev], dim=1)
+            attn = torch.cat([attn, torch.ones_like(attn[:, : self.dims - 1])], dim=1)
+        h, _ = self._backbone(x, attn)
+        return self._logits(h[:, p - 1:]), self._value(h[:, p - 1])
+
+    # -- chunk head ------------------------------------------------------------------------
+    def _chunk_means(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Means [B, K, d] of the K actions (one pass: K query tokens after the prefix), their
+        log std [K, d] and the value [B]."""
+        x, attn = self._prefix(obs)
+        b, p = x.shape[0], x.shape[1]
+        x = torch.cat([x, self.chunk_head.queries(torch.arange(self.action_chunk, device=x.device)).expand(b, -1, -1)],
+                      dim=1)
+        attn = torch.cat([attn, torch.ones_like(attn[:, : self.action_chunk])], dim=1)
+        h, _ = self._backbone(x, attn)
+        means, log_std = self.chunk_head(h[:, p:])
+        shape = (self.action_chunk, *self.env_spec.action.shape)
+        return means.view(b, *shape), log_std.view(shape), self._value(h[:, p - 1])
+
+    @staticmethod
+    def _chunk_logp(action: torch.Tensor, means: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        z = (action - means) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - _LOG_SQRT_2PI).flatten(1).sum(-1)
+
+    def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
+        if self.cfg.head != "chunk":
+            return False
+        if std is not None:
+            with torch.no_grad():
+                self.chunk_head.log_std.fill_(math.log(std))
+        self.chunk_head.log_std.requires_grad_(trainable)
+        return True
+
+    # -- policy interface ------------------------------------------------------------------
+    def act(self, obs: dict[str, Any], deterministic: bool = False) -> ActOutput:
+        """tokens: decode the action tokens one dimension at a time, reusing the KV cache of the
+        prefix. chunk: K Gaussian actions from one pass."""
+        from transformers import DynamicCache
+
+        if self.cfg.head == "chunk":
+            means, log_std, value = self._chunk_means(obs)
+            action = means if deterministic else means + torch.exp(log_std) * torch.randn_like(means)
+            return ActOutput(action, self._chunk_logp(action, means, log_std), value)
+
+        x, attn = self._prefix(obs)
+        positions = (attn.cumsum(1) - 1).clamp_min(0)
+        h, past = self._backbone(x, attn, DynamicCache(), positions)
+        value = self._value(h[:, -1])
+        h = h[:, -1]
+        bins, logp = [], torch.zeros(x.shape[0], device=x.device)
+        for d in range(self.dims):
+            lp = torch.log_softmax(self._logits(h), dim=-1)
+            b = lp.argmax(-1) if deterministic else torch.multinomial(lp.exp(), 1).squeeze(-1)
+            logp = logp + lp.gather(-1, b.unsqueeze(-1)).squeeze(-1)
+            bins.append(b)
+            if d + 1 < self.dims:
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+                positions = positions[:, -1:] + 1
+                emb = self.lm.get_input_embeddings()(self.action_ids[b]).unsqueeze(1)
+                h, past = self._backbone(emb, attn, past, positions)
+                h = h[:, -1]
+        return ActOutput(self.from_bins(torch.stack(bins, dim=1)), logp, value)
+
+    def evaluate(self, obs: dict[str, Any], action: torch.Tensor) -> EvalOutput:
+        if self.cfg.head == "chunk":
+            means, log_std, value = self._chunk_means(obs)
+            entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum().expand(means.shape[0])
+            return EvalOutput(self._chunk_logp(action.float(), means, log_std), entropy, value)
+        bins = self.to_bins(action)
+        logits, value = self._teacher_forced(obs, bins)
+        lp = torch.log_softmax(logits, dim=-1)
+        logp = lp.gather(-1, bins.unsqueeze(-1)).squeeze(-1).sum(-1)
+        entropy = -(lp.exp() * lp).sum(-1).sum(-1)
+        return EvalOutput(logp, entropy, value)
+
+    def get_value(self, obs: dict[str, Any]) -> torch.Tensor:
+        x, attn = self._prefix(obs)
+        h, _ = self._backbone(x, attn)
+        return self._value(h[:, -1])
+
+    def mean_action(self, obs: dict[str, Any]) -> torch.Tensor:
+        """Expected bin centre of each dimension given the greedy choice of the previous ones
+        (differentiable), for ``algo.loss=mse``; ``nll`` (the default) is the natural BC loss here."""
+        if self.cfg.head == "chunk":
+            return self._chunk_means(obs)[0]
+        if self.env_spec.discrete:
+            raise UserError("model=vla on discrete actions: use algo.loss=nll")
+        with torch.no_grad():
+            greedy = self.to_bins(self.act(obs, deterministic=True).action)
+        logits, _ = self._teacher_forced(obs, greedy)
+        centres = self.low.unsqueeze(-1) + (torch.arange(self.nbins, device=logits.device) + 0.5) * \
+            ((self.high - self.low) / self.nbins).unsqueeze(-1)  # [D, nbins]
+        mean = (logits.softmax(-1) * centres).sum(-1)
+        return mean.view(mean.shape[0], *self.env_spec.action.shape)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return list(self.critic.parameters()) if self.has_critic else []
+
+    # -- persistence -----------------------------------------------------------------------
+    def save_pretrained(self, path: str | Path) -> None:
+        """``model.safetensors`` (every weight) + ``config.json``, and the configs needed to rebuild
+        the modules without the original directories: ``backbone/`` (LM config, tokenizer) and
+        ``vision/<key>/`` (vision=hf)."""
+        from safetensors.torch import save_file
+
+        from rlinf_cli import __version__
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.lm.config.save_pretrained(path / BACKBONE_DIR)
+        self.tokenizer.save_pretrained(path / BACKBONE_DIR)
+        for k, enc in self.vision.items():
+            if isinstance(enc, HFImageTokens):
+                enc.config.save_pretrained(path / VISION_DIR / k)
+                mean = enc.mean.flatten().tolist()
+                std = enc.std.flatten().tolist()
+                (path / VISION_DIR / k / "preprocessor_config.json").write_text(
+                    json.dumps({"image_mean": mean, "image_std": std}))
+        # tied LM weights once; every other tensor copied out (an engine may keep parameters as
+        # views of one flat buffer, which safetensors' save_model refuses)
+        state: dict[str, torch.Tensor] = {}
+        seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
+        for k, v in self.state_dict().items():
+            key = (v.data_ptr(), tuple(v.shape), v.dtype)
+            if key not in seen:
+                seen.add(key)
+                state[k] = v.detach().clone().contiguous()
+        save_file(state, str(path / MODEL_FILE))
+        meta = {"model": {**self.config, "backbone": {**self.config.get("backbone", {}), "path": None, "gguf_file": None},
+                          "vision_path": None},
+                "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
+        (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "VLAPolicy":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_model
+
+        path = Path(path)
+        meta = read_model_config(path)
+        if not (path / BACKBONE_DIR / "config.json").is_file():
+            raise UserError(f"'{path}' is not a model=vla checkpoint (no {BACKBONE_DIR}/config.json)")
+        policy = cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]), _saved=path)
+        try:
+            load_model(policy, str(path / MODEL_FILE), strict=True, device=str(map_location))
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            raise UserError(f"cannot load {path / MODEL_FILE} into model=vla: {lines[-1] if lines else exc}; "
+                            "the checkpoint is damaged or was saved by another model") from exc
+        return policy.to(map_location)
