@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Sequence
+
+RLINF = str(Path(sys.executable).with_name("rlinf"))
 
 
 def machine_line() -> str:
@@ -35,3 +41,19 @@ def _fmt(x: object) -> str:
     if isinstance(x, float):
         return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
     return str(x)
+
+
+def run_stage(args: list[str], log: Path) -> dict:
+    """One `rlinf` stage as a subprocess, its output appended to ``log``; returns its result.json
+    (with the wall time as ``wall_s``). A failed stage raises RuntimeError naming the log."""
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write(f"$ rlinf {' '.join(args)}\n")
+        f.flush()
+        proc = subprocess.run([RLINF, *args], stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rlinf {args[0]} failed (exit {proc.returncode}); see {log}")
+    run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("run_dir="))
+    result = json.loads((Path(run_dir) / "result.json").read_text())
+    result["wall_s"] = time.time() - t0
+    return result

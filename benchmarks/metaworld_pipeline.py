@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-RLINF = str(Path(sys.executable).with_name("rlinf"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_stage as run  # noqa: E402
+
 # Five tasks where 3 demonstrations leave the cloned policy room to improve, and one it already
 # solves (RL must not break it). Grasping tasks (pick-place, peg-unplug-side, hammer) are not
 # lifted by PPO within this budget from 3 demos: see docs/benchmarks.md (--tasks to run them).
@@ -31,19 +32,6 @@ TASKS = ["reach-v3", "push-v3", "reach-wall-v3", "lever-pull-v3", "plate-slide-b
 EVAL_SEED = 1_000_000  # evaluation seeds: far from the collect (0..) and training (< 1e6) seeds
 
 
-def run(args: list[str], log: Path) -> dict:
-    """One `rlinf` stage as a subprocess; returns its result.json."""
-    t0 = time.time()
-    with open(log, "a") as f:
-        f.write(f"$ rlinf {' '.join(args)}\n")
-        f.flush()
-        proc = subprocess.run([RLINF, *args], stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rlinf {args[0]} failed (exit {proc.returncode}); see {log}")
-    run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("run_dir="))
-    result = json.loads((Path(run_dir) / "result.json").read_text())
-    result["wall_s"] = time.time() - t0
-    return result
 
 
 def pipeline(task: str, a: argparse.Namespace) -> dict:

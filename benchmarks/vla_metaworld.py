@@ -21,30 +21,17 @@ Prints one table of success (success_once) per task and on average, and the wall
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-RLINF = str(Path(sys.executable).with_name("rlinf"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_stage as run  # noqa: E402
+
 TASKS = ["reach-v3", "push-v3", "drawer-close-v3", "drawer-open-v3", "button-press-topdown-v3",
          "window-open-v3", "window-close-v3", "door-open-v3"]
 
 
-def run(args: list[str], log: Path) -> dict:
-    """One `rlinf` stage as a subprocess; returns its result.json (with the wall time)."""
-    t0 = time.time()
-    with open(log, "a") as f:
-        f.write(f"$ rlinf {' '.join(args)}\n")
-        f.flush()
-        proc = subprocess.run([RLINF, *args], stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise SystemExit(f"rlinf {args[0]} failed (exit {proc.returncode}); see {log}")
-    run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("run_dir="))
-    result = json.loads((Path(run_dir) / "result.json").read_text())
-    result["wall_s"] = time.time() - t0
-    return result
 
 
 def per_task(result: dict, tasks: list[str]) -> dict[str, float]:
