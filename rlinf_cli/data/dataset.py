@@ -19,7 +19,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,13 +290,20 @@ class Dataset:
     rewards: np.ndarray
     episode: np.ndarray
     success: np.ndarray
-    episode_success: dict[int, bool] = field(default_factory=dict)
     terminated: np.ndarray | None = None  # [rows] bool: the episode ended by the env at this step
     truncated: np.ndarray | None = None  # [rows] bool: the episode was cut by a time limit at this step
 
     @property
     def num_episodes(self) -> int:
         return int(self.meta["episodes"])
+
+    @property
+    def episode_success(self) -> dict[int, bool]:
+        """Episode index -> whether it succeeded at any step (episodes are contiguous rows)."""
+        if not len(self.episode):
+            return {}
+        starts = np.flatnonzero(np.r_[True, self.episode[1:] != self.episode[:-1]])
+        return dict(zip(self.episode[starts].tolist(), np.logical_or.reduceat(self.success, starts).tolist()))
 
 
 def load(path: str | Path, verify: bool = True) -> Dataset:
@@ -340,14 +347,17 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
         actions = _column(table, "action").reshape(n, *spec.action.shape).astype(np.float32)
     episode = table.column("episode").to_numpy()
     success = table.column("success").to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])  # episodes are contiguous
-    ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
     ends = {c: table.column(c).to_numpy(zero_copy_only=False).astype(bool) if c in table.column_names else None
             for c in ("terminated", "truncated")}
-    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success, ep_success,
+    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success,
                    ends["terminated"], ends["truncated"])
 
 
 def _column(table: Any, name: str) -> np.ndarray:
+    """A column as one flat numpy array (list columns flattened)."""
+    import pyarrow as pa
+
     col = table.column(name).combine_chunks()
-    return col.flatten().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+        return col.flatten().to_numpy(zero_copy_only=False)
+    return col.to_numpy(zero_copy_only=False)

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.data.dataset import WriterBase, _fixed_list, _write_json_atomic, sha256_file
+from rlinf_cli.data.dataset import WriterBase, _column, _fixed_list, _write_json_atomic, sha256_file
 from rlinf_cli.errors import UserError
 
 CODEBASE_VERSION = "v3.0"
@@ -251,10 +251,10 @@ class LeRobotWriter(WriterBase):
             if s.is_text:
                 cols[name] = pa.array([str(v) for v in values], pa.string())
                 continue
-            cols[name] = _column(values, s.dtype)
+            cols[name] = _array(values, s.dtype)
             self.stats.add(name, values.reshape(n, -1), (0,))
         actions = np.concatenate([e.actions for e in eps])
-        cols["action"] = pa.array(actions.astype(np.int64)) if self.spec.discrete else _column(actions, "float32")
+        cols["action"] = pa.array(actions.astype(np.int64)) if self.spec.discrete else _array(actions, "float32")
         self.stats.add("action", actions.reshape(n, -1).astype(np.float64), (0,))
         done = np.zeros(n, dtype=bool)
         trunc = np.zeros(n, dtype=bool)
@@ -333,7 +333,7 @@ class LeRobotWriter(WriterBase):
         _write_json_atomic(self.path / INFO, self.info)
 
 
-def _column(values: np.ndarray, dtype: str) -> Any:
+def _array(values: np.ndarray, dtype: str) -> Any:
     """Scalars as a plain column (LeRobot's shape [1]), vectors as fixed-size lists."""
     import pyarrow as pa
 
@@ -406,7 +406,7 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
             obs_spec[key] = ArraySpec((), "str")
         else:
             shape = tuple(int(x) for x in ft["shape"])
-            arr = _numpy(table, feature).reshape(n, *shape)
+            arr = _column(table, feature).reshape(n, *shape)
             if shape == (1,) and (rl_meta is None or rl_meta["spec"]["observation"].get(key, {}).get("shape") == []):
                 arr = arr.reshape(n)
                 shape = ()
@@ -419,13 +419,13 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
         raise UserError(f"LeRobot dataset '{path}' has no 'action' feature; its features: {sorted(features)}")
     discrete = act_ft["dtype"].startswith("int")
     if discrete:
-        actions = _numpy(table, "action").reshape(n).astype(np.int64)
+        actions = _column(table, "action").reshape(n).astype(np.int64)
     else:
-        actions = _numpy(table, "action").reshape(n, *[int(x) for x in act_ft["shape"]]).astype(np.float32)
-    rewards = _numpy(table, "next.reward").reshape(n).astype(np.float32) if "next.reward" in table.column_names \
+        actions = _column(table, "action").reshape(n, *[int(x) for x in act_ft["shape"]]).astype(np.float32)
+    rewards = _column(table, "next.reward").reshape(n).astype(np.float32) if "next.reward" in table.column_names \
         else np.zeros(n, dtype=np.float32)
     has_success = "next.success" in table.column_names
-    success = _numpy(table, "next.success").reshape(n).astype(bool) if has_success else np.zeros(n, dtype=bool)
+    success = _column(table, "next.success").reshape(n).astype(bool) if has_success else np.zeros(n, dtype=bool)
     if rl_meta is not None:
         spec = EnvSpec.from_dict(rl_meta["spec"])
         if TASK_KEY in spec.observation:
@@ -443,11 +443,9 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
         spec = EnvSpec(obs_spec, action, int(actions.max()) + 1 if discrete else None,
                        int(max(episodes["length"])), task_names, has_success)
         provenance = []
-    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
-    ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
     meta = {"format": "lerobot", "codebase_version": version, "episodes": len(episodes["episode_index"]), "steps": n,
             "fps": fps, "features": keymap, "tasks": tasks, "provenance": provenance, "spec": spec.to_dict()}
-    return Dataset(path, meta, spec, obs, actions, rewards, episode, success, ep_success)
+    return Dataset(path, meta, spec, obs, actions, rewards, episode, success)
 
 
 def _resolve_mapping(features: dict[str, Any], mapping: Mapping[str, str] | None, rl_meta: dict | None,
@@ -477,15 +475,6 @@ def _read_tasks(path: Path) -> list[str]:
         return []
     df = pd.read_parquet(path / TASKS)
     return [str(t) for t in df.sort_values("task_index").index]
-
-
-def _numpy(table: Any, name: str) -> np.ndarray:
-    col = table.column(name).combine_chunks()
-    import pyarrow as pa
-
-    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
-        return col.flatten().to_numpy(zero_copy_only=False)
-    return col.to_numpy(zero_copy_only=False)
 
 
 def _image_column(col: Any) -> np.ndarray:
