@@ -334,13 +334,35 @@ def test_server_restarted_mid_run_reconnects_and_truncates() -> None:
             env.close()
 
 
+def stop_all_threads(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads has stopped.
+
+    A group stop is not instantaneous: the kernel wakes one thread to carry it out, and until
+    that thread runs (under load, many milliseconds), another thread woken by network data can
+    still answer a request: the "hung" server would serve a step.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:  # a thread that just ended
+                continue
+        if states and all(st in "Tt" for st in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: thread states {states}"
+        time.sleep(0.01)
+
+
 def test_hung_server_surfaces_after_worker_timeout() -> None:
     port = free_port()
     with server_process(port) as proc:
         env = _remote_env(port, reconnect_s=1, timeout_s=2, restarts=1)
         try:
             env.reset([0, 1, 2, 3])
-            os.kill(proc.pid, signal.SIGSTOP)
+            stop_all_threads(proc.pid)
             t0 = time.monotonic()
             with pytest.warns(RuntimeWarning, match=r"no reply from 127.0.0.1:\d+ in 2 s"):
                 with pytest.raises(EnvWorkerError, match="could not be restarted"):
