@@ -47,7 +47,7 @@ class IsaacLabBatch:
         return flatten_obs(self._seeded_reset(None if seed is None else int(seed) % 2**31), self.state_group)
 
     def step(self, actions: np.ndarray) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
-        a = torch.as_tensor(np.asarray(actions, dtype=np.float32), device=self.device)
+        a = torch.from_numpy(np.array(actions, dtype=np.float32)).to(self.device)  # a copy: the caller keeps its array
         if a.ndim == 1:
             a = a.unsqueeze(-1)
         if self.action_bound:
