@@ -83,7 +83,9 @@ def test_fake_matches_the_real_env() -> None:
 
 
 @pytest.mark.parametrize("task", ["Isaac-Cartpole-Direct-v0", "Isaac-Ant-Direct-v0"])
-def test_check_sim_and_ppo_iterations_through_the_wire(task: str, cli) -> None:
+def test_check_sim_and_ppo_iterations_through_the_wire(task: str, cli, tmp_path: Path) -> None:
+    import numpy as np
+
     from rlinf_executor_local.executor import LocalExecutor
     from rlinf_sim_remote.sim import RemoteSimulator
 
@@ -101,16 +103,21 @@ def test_check_sim_and_ppo_iterations_through_the_wire(task: str, cli) -> None:
             submit = env.handles[0].submit
             env.handles[0].submit = lambda *a: calls.append(a[0]) or submit(*a)
             env.reset(list(range(8)))
-            sb = env.step(env.spec.action.low * 0 * __import__("numpy").ones((8, *env.spec.action.shape), "float32"))
+            sb = env.step(np.zeros((8, *env.spec.action.shape), np.float32))
             assert calls == ["reset", "step"]  # one request per batched step
             assert sb.obs["state"].shape == (8, *sim.spec.observation["state"].shape)
             assert sb.stats.get("transport/obs_bytes", 0) > 0
         finally:
             env.close()
+        run = tmp_path / "run"
         res = cli("rl", "--algo", "ppo", "sim=remote", f"sim.address={address}", "num_envs=16",
-                  "algo.rollout_steps=16", "algo.epochs=2", "total_steps=768", "eval.episodes=0", "tracking.enabled=false")
+                  "algo.rollout_steps=16", "algo.epochs=2", "total_steps=768", "eval.episodes=0",
+                  "tracking.enabled=false", f"run_dir={run}")
         assert res.code == 0, res.err[-3000:]
-        assert "iter 3" in res.out + res.err or "768/768" in res.out + res.err, res.out[-2000:]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        iters = [r for r in rows if "train/policy_loss" in r]
+        assert len(iters) == 3 and all(np.isfinite(r["train/policy_loss"]) for r in iters), rows
+        assert iters[-1]["step"] == 768
 
 
 def test_missing_assets_fail_fast_with_one_line(tmp_path: Path) -> None:
