@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,8 +16,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "plugins_sims" / "rlinf-sim-isaaclab"
-if str(PLUGIN) not in sys.path:  # the plugin is not installed in .venv (Isaac Lab needs Python 3.12)
-    sys.path.insert(0, str(PLUGIN))
+# The plugin is not installed in .venv (Isaac Lab needs Python 3.12): its package is put on the
+# path through a directory of its own, so that an egg-info an editable install elsewhere left in
+# plugins_sims/rlinf-sim-isaaclab does not register it here (the contract tests would build it).
+_SHIM = Path(tempfile.mkdtemp(prefix="rlinf-isaaclab-plugin-"))
+(_SHIM / "rlinf_sim_isaaclab").symlink_to(PLUGIN / "rlinf_sim_isaaclab", target_is_directory=True)
+sys.path.insert(0, str(_SHIM))
 
 from fake_isaaclab import FakeIsaacLabEnv, FakeIsaacLabSimulator  # noqa: E402
 
@@ -38,7 +43,7 @@ def test_plugin_registers_without_importing_torch_or_isaaclab() -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlinf_sim_isaaclab.plugin, rlinf_sim_isaaclab.sim; "
             "bad = [m for m in ('torch', 'isaaclab', 'isaaclab_tasks', 'gymnasium') if m in sys.modules]; "
             "assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code, str(PLUGIN)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code, str(_SHIM)], check=True, timeout=60)
 
 
 def test_fake_is_a_batched_simulator_and_check_sim_passes() -> None:
@@ -226,3 +231,57 @@ def test_fake_env_api_shape() -> None:
     env.step(torch.zeros(3, 1))
     obs, rew, term, tout, extras = env.step(torch.zeros(3, 1))
     assert rew.dtype == torch.float32 and term.dtype == torch.bool and tout.all() and "final_obs" in extras
+
+
+def test_env_server_hosts_one_batch_per_session_one_request_per_step() -> None:
+    """sim=remote against a served batched simulator: one session, one batch, one request per
+    batched step, lz4 on the wire, and the same episodes as the batch stepped in this process."""
+    from rlinf_executor_local.executor import LocalExecutor
+    from rlinf_sim_remote.sim import RemoteSimulator
+
+    from rlinf_cli.remote.server import EnvServer, ServeConfig
+
+    server = EnvServer(FakeIsaacLabSimulator(horizon=6), ServeConfig(port=0), "fake-isaaclab")
+    address = f"127.0.0.1:{server.start()}"
+    try:
+        sim = RemoteSimulator({"address": address})
+        assert sim.batched and sim.default_workers(8) == 1 and not sim.spec.per_env_seeds
+        remote = LocalExecutor({"name": "local", "runtime": {"mode": "hybrid", "obs_compression": "lz4"}}).make_vec_env(
+            sim, 8, True)
+        local = _vec(FakeIsaacLabSimulator(horizon=6), 8)
+        try:
+            assert len(remote.handles) == 1 and len(remote.shards) == 1
+            calls = []
+            submit = remote.handles[0].submit
+            remote.handles[0].submit = lambda *a: calls.append(a[0]) or submit(*a)
+            a, b = remote.reset([4] * 8), local.reset([4] * 8)
+            np.testing.assert_array_equal(a["state"], b["state"])
+            rng = np.random.default_rng(1)
+            for _ in range(10):
+                act = rng.uniform(-1, 1, (8, 1)).astype(np.float32)
+                x, y = remote.step(act), local.step(act)
+                np.testing.assert_allclose(x.obs["state"], y.obs["state"], rtol=1e-6)
+                np.testing.assert_array_equal(x.truncated, y.truncated)
+                np.testing.assert_array_equal(x.success, y.success)
+                assert (x.final_obs is None) == (y.final_obs is None)
+            assert calls == ["restore"] + ["step"] * 10
+            assert x.stats["transport/obs_bytes"] > 0
+        finally:
+            remote.close()
+            local.close()
+    finally:
+        server.stop(grace=0)
+
+
+def test_grpo_refuses_a_batch_seeded_simulator(cli) -> None:
+    from rlinf_cli.remote.server import EnvServer, ServeConfig
+
+    server = EnvServer(FakeIsaacLabSimulator(), ServeConfig(port=0), "fake-isaaclab")
+    address = f"127.0.0.1:{server.start()}"
+    try:
+        res = cli("rl", "--algo", "grpo", "sim=remote", f"sim.address={address}", "total_steps=100",
+                  "tracking.enabled=false")
+    finally:
+        server.stop(grace=0)
+    assert res.code == 2, res.err
+    assert "per_env_seeds=False" in res.err and "--algo ppo" in res.err and "Traceback" not in res.err

@@ -104,7 +104,7 @@ def test_check_sim_and_ppo_iterations_through_the_wire(task: str, cli, tmp_path:
             env.handles[0].submit = lambda *a: calls.append(a[0]) or submit(*a)
             env.reset(list(range(8)))
             sb = env.step(np.zeros((8, *env.spec.action.shape), np.float32))
-            assert calls == ["reset", "step"]  # one request per batched step
+            assert calls == ["restore", "step"]  # reset() is a restore from episode 0; one request per batched step
             assert sb.obs["state"].shape == (8, *sim.spec.observation["state"].shape)
             assert sb.stats.get("transport/obs_bytes", 0) > 0
         finally:

@@ -8,7 +8,8 @@ a dict of terms), ``extras["final_obs"]`` when ``compute_final_obs`` is on.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import contextlib
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -25,20 +26,30 @@ class IsaacLabBatch:
         self.state_group = state_group
         self.success = success
         self.action_bound = float(action_bound)
+        self._rng: torch.Tensor | None = None  # the engine's own torch stream (see _own_rng)
         # Isaac Lab's first reset reports the joint velocities of before the reset (its data
         # buffers refresh on the first physics step): a throw-away reset makes every seeded reset
         # alike, so the same seed gives the same first observation
         self._seeded_reset(0)
 
-    def _seeded_reset(self, seed: int | None) -> Mapping[str, Any]:
-        # Isaac Lab seeds torch's global generator (and numpy's, Python's, warp's): keep the
-        # caller's torch stream as it was, so an in-process trainer's sampling is not reseeded
-        state = torch.random.get_rng_state()
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Isaac Lab draws its resets from torch's global generator, which its reset(seed) seeds.
+        The engine gets a stream of its own, swapped in around each call: its episodes are a
+        function of the seed and the actions (in any process), and an in-process trainer's
+        sampling is neither reseeded nor consumed by the engine."""
+        caller = torch.random.get_rng_state()
+        if self._rng is not None:
+            torch.random.set_rng_state(self._rng)
         try:
-            obs, _ = self.env.reset(seed=seed)
+            yield
         finally:
-            if seed is not None:
-                torch.random.set_rng_state(state)
+            self._rng = torch.random.get_rng_state()
+            torch.random.set_rng_state(caller)
+
+    def _seeded_reset(self, seed: int | None) -> Mapping[str, Any]:
+        with self._own_rng():
+            obs, _ = self.env.reset(seed=seed)
         return obs
 
     def reset(self, seeds: Sequence[int | None]) -> dict[str, Any]:
@@ -52,7 +63,8 @@ class IsaacLabBatch:
             a = a.unsqueeze(-1)
         if self.action_bound:
             a = a.clamp(-self.action_bound, self.action_bound)
-        obs, reward, terminated, time_outs, extras = self.env.step(a)
+        with self._own_rng():
+            obs, reward, terminated, time_outs, extras = self.env.step(a)
         terminated = terminated.bool()
         truncated = time_outs.bool() & ~terminated
         info: dict[str, Any] = {}
