@@ -13,8 +13,8 @@
   observation that ended an episode still reaches the runtime (truncated episodes are
   bootstrapped from it).
 - Success (``sim.success``): ``time_out`` counts an episode that reached its time limit without
-  terminating as solved (Isaac Lab's own ``Metrics/success_rate`` for the cart-pole, which logs
-  survival); ``terminated`` counts a termination as success (goal-reaching tasks, as Isaac
+  terminating as solved (Isaac Lab's own ``Metrics/success_rate`` for the cart-pole and the
+  locomotion tasks, which logs survival); ``terminated`` counts a termination as success (goal-reaching tasks, as Isaac
   Lab's hook for upstream RLinf does); ``none``; ``auto`` picks per task (``SUCCESS``).
 - Seeds: Isaac Lab seeds the whole batch (torch, numpy, warp) from one number, so
   ``reset(seeds)`` seeds the batch from ``seeds[0]``: an initial state is a function of the seed
@@ -47,8 +47,10 @@ from rlinf_cli.api import ArraySpec, EnvSpec
 from rlinf_cli.errors import UserError
 
 SUCCESS_MODES = ("auto", "time_out", "terminated", "none")
-# sim.success=auto: tasks whose success Isaac Lab itself defines (its Metrics/success_rate)
-SUCCESS = {"Isaac-Cartpole-Direct": "time_out", "Isaac-Cartpole": "time_out"}
+# sim.success=auto: tasks whose success Isaac Lab itself defines as survival (its
+# Metrics/success_rate / survival_success_rate: timed out without failing)
+SUCCESS = {task: "time_out" for task in ("Isaac-Cartpole-Direct", "Isaac-Cartpole", "Isaac-Ant-Direct", "Isaac-Ant",
+                                         "Isaac-Humanoid-Direct", "Isaac-Humanoid")}
 INSTALL_HINT = ("Isaac Lab 3 needs Python 3.12: `make isaaclab` builds .venv-isaaclab with it; serve the task from "
                 "there with `.venv-isaaclab/bin/rlinf env serve sim=isaaclab sim.task=...` and train with sim=remote "
                 "(docs/isaaclab.md)")
@@ -138,11 +140,12 @@ def check_assets(paths: Sequence[str], task: str, timeout_s: float) -> None:
         if p not in remote and not os.path.isfile(p):
             raise UserError(f"sim=isaaclab sim.task={task}: asset missing: {p}. The asset root has no such file: {how}; "
                             f"tasks whose robots it lacks need NVIDIA's asset server")
-    if remote:
+    web = [p for p in remote if p.startswith(("http://", "https://"))]  # omniverse:// is Isaac Sim's client's
+    if web:
         import urllib.error
         import urllib.request
 
-        url = remote[0]
+        url = web[0]
         try:
             urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
         except urllib.error.HTTPError as exc:
