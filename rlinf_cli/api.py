@@ -67,6 +67,14 @@ class EnvSpec:
     def discrete(self) -> bool:
         return self.num_actions is not None
 
+    def random_actions(self, rng: np.random.Generator, n: int | None = None) -> Any:
+        """Uniform random actions: ``n`` of them, or one (continuous bounds default to [-1, 1])."""
+        if self.discrete:
+            return rng.integers(0, self.num_actions, size=n)
+        low = self.action.low if self.action.low is not None else -1.0
+        high = self.action.high if self.action.high is not None else 1.0
+        return rng.uniform(low, high, size=(*(() if n is None else (n,)), *self.action.shape)).astype(np.float32)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "observation": {k: v.to_dict() for k, v in self.observation.items()},

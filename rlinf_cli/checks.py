@@ -13,25 +13,23 @@ import numpy as np
 from rlinf_cli.api import EnvSpec
 
 
-def _random_action(spec: EnvSpec, rng: np.random.Generator) -> Any:
-    if spec.discrete:
-        return np.int64(rng.integers(spec.num_actions))
-    low = spec.action.low if spec.action.low is not None else -1.0
-    high = spec.action.high if spec.action.high is not None else 1.0
-    return rng.uniform(low, high, size=spec.action.shape).astype(np.float32)
+def _checker(rows: list[tuple[str, bool, str]]) -> Callable[[str, Callable[[], str]], bool]:
+    """``check(name, fn)``: runs ``fn`` and appends its row; a failed check is a row, not a crash."""
+    def check(name: str, fn: Callable[[], str]) -> bool:
+        try:
+            rows.append((name, True, fn() or ""))
+            return True
+        except Exception as exc:
+            rows.append((name, False, f"{type(exc).__name__}: {exc}"))
+            return False
+
+    return check
 
 
 def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str, bool, str]]:
     """Run the contract checks; returns ``(check, passed, detail)`` rows. Never raises for a failed check."""
     rows: list[tuple[str, bool, str]] = []
-
-    def check(name: str, fn: Callable[[], str]) -> bool:
-        try:
-            rows.append((name, True, fn() or ""))
-            return True
-        except Exception as exc:  # a failed check is a row in the report, not a crash
-            rows.append((name, False, f"{type(exc).__name__}: {exc}"))
-            return False
+    check = _checker(rows)
 
     def spec_ok() -> str:
         assert isinstance(sim.spec, EnvSpec), f"spec is {type(sim.spec).__name__}, not EnvSpec"
@@ -82,7 +80,7 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
             rng = np.random.default_rng(rng_seed)
             rewards = []
             for _ in range(steps):
-                obs, r, term, trunc, info = env.step(_random_action(spec, rng))
+                obs, r, term, trunc, info = env.step(spec.random_actions(rng))
                 assert isinstance(term, (bool, np.bool_)) and isinstance(trunc, (bool, np.bool_)), "terminated/truncated must be bools"
                 assert isinstance(info, dict), "info must be a dict"
                 if spec.has_success:
@@ -101,7 +99,7 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
             if not spec.replayable:
                 return "replayable=False: a resumed run starts fresh episodes"
             rng = np.random.default_rng(1)
-            actions = [_random_action(spec, rng) for _ in range(steps)]
+            actions = [spec.random_actions(rng) for _ in range(steps)]
 
             def trace(e: Any) -> list[dict[str, np.ndarray]]:
                 obs, _ = e.reset(seed=seed)
@@ -197,12 +195,7 @@ def check_text_task(task: Any, n: int = 50) -> list[tuple[str, bool, str]]:
     from rlinf_cli.api import Score, TextSample, TextTask
 
     rows: list[tuple[str, bool, str]] = []
-
-    def check(name: str, fn: Callable[[], str]) -> None:
-        try:
-            rows.append((name, True, fn() or ""))
-        except Exception as exc:  # a failed check is a row in the report, not a crash
-            rows.append((name, False, f"{type(exc).__name__}: {exc}"))
+    check = _checker(rows)
 
     def protocol() -> str:
         assert isinstance(task, TextTask), "missing TextTask attributes or methods (see rlinf_cli/api.py)"

@@ -54,12 +54,8 @@ def renames(dirs: Iterable[Path] | None = None) -> dict[str, str]:
 
 def renamed_key_message(key: str, table: dict[str, str] | None = None) -> str | None:
     """One line for an override naming a renamed key (or a key under a renamed section), else None."""
-    table = renames() if table is None else table
-    for old, new in table.items():
-        if key == old or key.startswith(old + "."):
-            new_key = new + key[len(old):]
-            return f"config key '{key}' was renamed to '{new_key}'; write {new_key}=... instead"
-    return None
+    new_key = translate(key, renames() if table is None else table)
+    return f"config key '{key}' was renamed to '{new_key}'; write {new_key}=... instead" if new_key != key else None
 
 
 def translate(key: str, table: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,18 +49,29 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server_process(port: int, *args: str, env: dict | None = None):
-    """`rlinf env serve` as a subprocess (for kill -9 / SIGSTOP); waits until it answers."""
+    """`rlinf env serve` as a subprocess (for kill -9 / SIGSTOP); waits until it says it serves.
+
+    Waiting for its own "serving on" line, not for the port to accept connections: with tests
+    running in parallel, another test's server may hold a port that was free a moment ago, and
+    a test must never drive (or SIGSTOP) a server other than the one it started.
+    """
     proc = subprocess.Popen([sys.executable, "-m", "rlinf_cli", "env", "serve", "sim=gymnasium", "sim.env_id=CartPole-v1",
                              f"port={port}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("rlinf env server:") and line.rstrip().endswith(f":{port}"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
+        while not ready.wait(0.2):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
         yield proc
     finally:
         if proc.poll() is None:

@@ -52,15 +52,7 @@ def runtime_options(cfg: Any, act: Callable | None = None, spec: EnvSpec | None 
 
 # -- actors (observations -> env actions) -------------------------------------------------------
 def random_actor(spec: EnvSpec, rng: np.random.Generator) -> Callable[[Obs], tuple[None, np.ndarray]]:
-    def act(obs: Obs) -> tuple[None, np.ndarray]:
-        n = next(iter(obs.values())).shape[0]
-        if spec.discrete:
-            return None, rng.integers(0, spec.num_actions, size=n)
-        low = spec.action.low if spec.action.low is not None else -1.0
-        high = spec.action.high if spec.action.high is not None else 1.0
-        return None, rng.uniform(low, high, size=(n, *spec.action.shape)).astype(np.float32)
-
-    return act
+    return lambda obs: (None, spec.random_actions(rng, len(next(iter(obs.values())))))
 
 
 def expert_actor(simulator: Simulator) -> Callable[[Obs], tuple[None, np.ndarray]]:

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,27 +83,35 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-class DatasetWriter:
-    """Appends episodes to a dataset directory, one atomically written chunk at a time.
+class WriterBase:
+    """What every dataset writer shares (``DatasetWriter``, ``LeRobotWriter``).
 
     One writer per dataset: a second ``rlinf collect`` into the same output is refused while the
-    first runs (an advisory lock, released when the writer's process ends however it ends).
-    ``meta.json`` only ever describes chunks that are on disk, and this call's provenance entry
-    appears with its first chunk. ``next_seed`` (set by the caller as it tries seeds) is recorded
-    with every chunk, so an appending collect never reuses a seed tried before, kept or not.
+    first runs (an advisory lock, released when the writer's process ends however it ends). The
+    metadata only ever describes files that are on disk, and this call's provenance entry appears
+    with its first flush. ``next_seed`` (set by the caller as it tries seeds) is recorded with
+    every flush, so an appending collect never reuses a seed tried before, kept or not. A
+    directory this writer created is removed again if nothing was written to it.
     """
 
-    def __init__(self, path: str | Path, spec: EnvSpec, provenance: dict[str, Any], chunk_episodes: int = 50):
+    marker = META  # the file that makes a directory a dataset
+    rlinf_meta = META  # the file holding ``self.meta`` (rlinf's bookkeeping)
+    per_flush = 50
+    kind = "an rlinf dataset"
+
+    def _open(self, path: str | Path, provenance: dict[str, Any]) -> bool:
+        """Create or check the directory and take its lock; returns whether the dataset exists."""
         from rlinf_cli.locks import FileLock
 
         self.path = Path(path)
-        self.spec = spec
-        self.chunk_episodes = max(1, chunk_episodes)
-        self._buffer: list[Episode] = []
+        self._buffer: list[Any] = []
         self._failed = False
+        self.provenance = dict(provenance)  # this call's entry: recorded with its first flush
+        self.added = 0  # episodes this writer put on disk
+        self.next_seed: int | None = None
         existed = self.path.exists()
-        if existed and not (self.path / META).exists() and any(p.name != LOCK for p in self.path.iterdir()):
-            raise UserError(f"output '{self.path}' exists and is not an rlinf dataset; choose an empty or new directory")
+        if existed and not (self.path / self.marker).exists() and any(p.name != LOCK for p in self.path.iterdir()):
+            raise UserError(f"output '{self.path}' exists and is not {self.kind}; choose an empty or new directory")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -113,21 +121,11 @@ class DatasetWriter:
         self._lock = FileLock(self.path / LOCK).acquire(
             blocking=False, busy=f"dataset '{self.path}' is being written by another rlinf collect (pid {{pid}}); "
                                  f"wait for it to finish or choose another output=")
-        if (self.path / META).exists():
-            self.meta = read_meta(self.path)
-            if self.meta["spec"] != spec.to_dict():
-                self._lock.release()
-                raise UserError(
-                    f"dataset '{self.path}' holds another observation/action layout than this simulator; "
-                    f"write to a new output directory"
-                )
-        else:
-            self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
-                         "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
-        self.provenance = dict(provenance)
-        self.meta_path = self.path / META
-        self.added = 0  # episodes this writer put on disk
-        self.next_seed: int | None = None
+        return (self.path / self.marker).exists()
+
+    def _refuse(self, problem: str) -> None:
+        self._lock.release()
+        raise UserError(f"dataset '{self.path}' holds {problem}; write to a new output directory")
 
     @property
     def episodes_written(self) -> int:
@@ -140,8 +138,53 @@ class DatasetWriter:
 
     def add(self, episode: Episode) -> None:
         self._buffer.append(episode)
-        if len(self._buffer) >= self.chunk_episodes:
+        if len(self._buffer) >= self.per_flush:
             self.flush()
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def _book(self, meta: dict[str, Any], episodes: list[Episode]) -> None:
+        """Counts, seeds and this call's provenance entry for ``episodes`` in ``meta``."""
+        meta["successes"] = int(meta.get("successes", 0)) + sum(bool(e.success.any()) for e in episodes)
+        if self.next_seed is not None:
+            meta["next_seed"] = int(self.next_seed)
+        entry = {**self.provenance, "episodes": self.added + len(episodes)}
+        if self.added:
+            meta["provenance"][-1] = entry
+        else:
+            meta["provenance"].append(entry)
+
+    def close(self) -> None:
+        """Write what is buffered (and record how far seeds went), then release the dataset."""
+        try:
+            self.flush()
+            if not self._failed and self.next_seed is not None and (self.path / self.marker).exists() \
+                    and self.meta.get("next_seed") != self.next_seed:
+                self.meta["next_seed"] = int(self.next_seed)  # seeds tried after the last flush
+                _write_json_atomic(self.path / self.rlinf_meta, self.meta)
+        finally:
+            if self._created and not (self.path / self.marker).exists():  # nothing was written: leave nothing
+                import shutil
+
+                shutil.rmtree(self.path, ignore_errors=True)
+            self._lock.release()
+
+
+class DatasetWriter(WriterBase):
+    """Appends episodes to an rlinf dataset directory, one atomically written chunk at a time."""
+
+    def __init__(self, path: str | Path, spec: EnvSpec, provenance: dict[str, Any], chunk_episodes: int = 50):
+        self.spec = spec
+        self.per_flush = max(1, chunk_episodes)
+        if self._open(path, provenance):
+            self.meta = read_meta(self.path)
+            if self.meta["spec"] != spec.to_dict():
+                self._refuse("another observation/action layout than this simulator")
+        else:
+            self.meta = {"schema_version": SCHEMA_VERSION, "format": "rlinf-dataset", "spec": spec.to_dict(),
+                         "episodes": 0, "steps": 0, "successes": 0, "chunks": [], "provenance": []}
+        self.meta_path = self.path / META
 
     def flush(self) -> None:
         if not self._buffer or self._failed:
@@ -164,14 +207,7 @@ class DatasetWriter:
                                    "steps": steps, "sha256": sha256_file(final)})
             meta["episodes"] = first + len(self._buffer)
             meta["steps"] = int(meta["steps"]) + steps
-            meta["successes"] = int(meta.get("successes", 0)) + sum(bool(e.success.any()) for e in self._buffer)
-            if self.next_seed is not None:
-                meta["next_seed"] = int(self.next_seed)
-            entry = {**self.provenance, "episodes": self.added + len(self._buffer)}
-            if self.added:
-                meta["provenance"][-1] = entry
-            else:
-                meta["provenance"].append(entry)
+            self._book(meta, self._buffer)
             _write_json_atomic(self.path / META, meta)
         except Exception as exc:
             self._failed = True
@@ -191,21 +227,6 @@ class DatasetWriter:
         used = [int(m.group(1)) for p in self.path.iterdir() if (m := _CHUNK_RE.search(p.name))]
         used += [int(_CHUNK_RE.search(c["file"]).group(1)) for c in self.meta["chunks"]]
         return max(used, default=-1) + 1
-
-    def close(self) -> None:
-        """Write what is buffered (and record how far seeds went), then release the dataset."""
-        try:
-            self.flush()
-            if not self._failed and self.next_seed is not None and (self.path / META).exists() \
-                    and self.meta.get("next_seed") != self.next_seed:
-                self.meta["next_seed"] = int(self.next_seed)  # seeds tried after the last chunk
-                _write_json_atomic(self.path / META, self.meta)
-        finally:
-            if self._created and not (self.path / META).exists():  # nothing was written: leave nothing
-                import shutil
-
-                shutil.rmtree(self.path, ignore_errors=True)
-            self._lock.release()
 
 
 def _arrow_io_error(exc: BaseException) -> bool:
@@ -269,13 +290,20 @@ class Dataset:
     rewards: np.ndarray
     episode: np.ndarray
     success: np.ndarray
-    episode_success: dict[int, bool] = field(default_factory=dict)
     terminated: np.ndarray | None = None  # [rows] bool: the episode ended by the env at this step
     truncated: np.ndarray | None = None  # [rows] bool: the episode was cut by a time limit at this step
 
     @property
     def num_episodes(self) -> int:
         return int(self.meta["episodes"])
+
+    @property
+    def episode_success(self) -> dict[int, bool]:
+        """Episode index -> whether it succeeded at any step (episodes are contiguous rows)."""
+        if not len(self.episode):
+            return {}
+        starts = np.flatnonzero(np.r_[True, self.episode[1:] != self.episode[:-1]])
+        return dict(zip(self.episode[starts].tolist(), np.logical_or.reduceat(self.success, starts).tolist()))
 
 
 def load(path: str | Path, verify: bool = True) -> Dataset:
@@ -319,14 +347,17 @@ def load(path: str | Path, verify: bool = True) -> Dataset:
         actions = _column(table, "action").reshape(n, *spec.action.shape).astype(np.float32)
     episode = table.column("episode").to_numpy()
     success = table.column("success").to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])  # episodes are contiguous
-    ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
     ends = {c: table.column(c).to_numpy(zero_copy_only=False).astype(bool) if c in table.column_names else None
             for c in ("terminated", "truncated")}
-    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success, ep_success,
+    return Dataset(path, meta, spec, obs, actions, table.column("reward").to_numpy(), episode, success,
                    ends["terminated"], ends["truncated"])
 
 
 def _column(table: Any, name: str) -> np.ndarray:
+    """A column as one flat numpy array (list columns flattened)."""
+    import pyarrow as pa
+
     col = table.column(name).combine_chunks()
-    return col.flatten().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+        return col.flatten().to_numpy(zero_copy_only=False)
+    return col.to_numpy(zero_copy_only=False)

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.data.dataset import LOCK, _fixed_list, _write_json_atomic, sha256_file
+from rlinf_cli.data.dataset import WriterBase, _column, _fixed_list, _write_json_atomic, sha256_file
 from rlinf_cli.errors import UserError
 
 CODEBASE_VERSION = "v3.0"
@@ -136,50 +136,32 @@ class _RunningStats:
         return out
 
 
-class LeRobotWriter:
-    """Appends episodes to a LeRobot v3.0 dataset directory: the same contract as ``DatasetWriter``
-    (one writer per dataset under a lock, metadata that describes only files on disk, this call's
-    provenance with its first flush, ``next_seed`` so appends never reuse a seed)."""
+class LeRobotWriter(WriterBase):
+    """Appends episodes to a LeRobot v3.0 dataset directory (the contract of ``WriterBase``)."""
+
+    marker, rlinf_meta, kind = INFO, RLINF_META, "a dataset"
 
     def __init__(self, path: str | Path, spec: EnvSpec, provenance: dict[str, Any], *, tasks: list[str],
                  fps: int, robot_type: str | None = None, episodes_per_file: int = 50, codec: str = "libx264",
                  crf: int = 18, gop: int | None = 2):
-        self.path = Path(path)
-        self.meta_path = self.path / INFO
         self.spec = spec
         self.tasks = list(tasks)
         self.fps = int(fps)
-        self.episodes_per_file = max(1, int(episodes_per_file))
+        self.per_flush = max(1, int(episodes_per_file))
         self.codec, self.crf, self.gop = codec, int(crf), gop
-        self._buffer: list[Any] = []
-        self._failed = False
         self.features = self._features()  # rlinf key -> LeRobot feature
         self.videos = [self.features[k] for k, s in spec.observation.items() if is_image(s)]
-        existed = self.path.exists()
-        if existed and not (self.path / INFO).exists() and any(p.name != LOCK for p in self.path.iterdir()):
-            raise UserError(f"output '{self.path}' exists and is not a dataset; choose an empty or new directory")
-        if (self.path / INFO).exists() and not (self.path / RLINF_META).is_file():
-            raise UserError(f"'{self.path}' is a LeRobot dataset written by another tool; rlinf appends only to "
+        p = Path(path)
+        if (p / INFO).exists() and not (p / RLINF_META).is_file():
+            raise UserError(f"'{p}' is a LeRobot dataset written by another tool; rlinf appends only to "
                             f"its own: write to a new output directory")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"cannot create the dataset directory '{self.path}': {exc.strerror}; "
-                            f"choose a writable output=...") from exc
-        self._created = not existed
-        from rlinf_cli.locks import FileLock
-
-        self._lock = FileLock(self.path / LOCK).acquire(  # one writer per dataset, as for the rlinf format
-            blocking=False, busy=f"dataset '{self.path}' is being written by another rlinf collect (pid {{pid}}); "
-                                 f"wait for it to finish or choose another output=")
-        if (self.path / INFO).exists():
+        if self._open(p, provenance):
             self.meta = json.loads((self.path / RLINF_META).read_text())
             self.info = json.loads((self.path / INFO).read_text())
             problem = ("another observation/action layout than this simulator" if self.meta["spec"] != spec.to_dict()
                        else f"{self.info['fps']} fps, not {self.fps}" if int(self.info["fps"]) != self.fps else None)
             if problem:
-                self._lock.release()
-                raise UserError(f"dataset '{self.path}' holds {problem}; write to a new output directory")
+                self._refuse(problem)
             self.tasks = list(dict.fromkeys(self.meta["tasks"] + self.tasks))
         else:
             self.meta = {"format": "rlinf-lerobot", "spec": spec.to_dict(), "features": self.features,
@@ -191,10 +173,8 @@ class LeRobotWriter:
                 "video_files_size_in_mb": 200, "fps": self.fps, "splits": {}, "data_path": DATA_PATH,
                 "video_path": VIDEO_PATH if self.videos else None, "features": self._info_features(),
             }
+        self.meta_path = self.path / INFO
         self.stats = _RunningStats(self.meta.get("stats"))
-        self.provenance = dict(provenance)  # this call's entry: recorded with its first flush
-        self.added = 0  # episodes this writer put on disk
-        self.next_seed: int | None = None  # set by the caller as it tries seeds (appends never reuse one)
 
     # -- schema ---------------------------------------------------------------------------------
     def _features(self) -> dict[str, str]:
@@ -223,34 +203,6 @@ class LeRobotWriter:
         return feats
 
     # -- writing ----------------------------------------------------------------------------------
-    @property
-    def episodes_written(self) -> int:
-        return int(self.meta["episodes"])
-
-    def seed_after(self, default: int) -> int:
-        """The first seed an appending collect may use: after every seed tried before."""
-        return max(int(self.meta.get("next_seed", default)), default)
-
-    def add(self, episode: Any) -> None:
-        self._buffer.append(episode)
-        if len(self._buffer) >= self.episodes_per_file:
-            self.flush()
-
-    def close(self) -> None:
-        """Write what is buffered (and how far seeds went), then release the dataset. Idempotent."""
-        try:
-            self.flush()
-            if not self._failed and self.next_seed is not None and (self.path / INFO).exists() \
-                    and self.meta.get("next_seed") != self.next_seed:
-                self.meta["next_seed"] = int(self.next_seed)
-                _write_json_atomic(self.path / RLINF_META, self.meta)
-        finally:
-            if self._created and not (self.path / INFO).exists():  # nothing was written: leave nothing
-                import shutil
-
-                shutil.rmtree(self.path, ignore_errors=True)
-            self._lock.release()
-
     def _next_file(self) -> tuple[int, int]:
         used = [int(m.group(1)) * CHUNKS_SIZE + int(m.group(2))
                 for p in (self.path / "data").glob("chunk-*/file-*.parquet") if (m := _FILE_RE.search(p.as_posix()))]
@@ -299,10 +251,10 @@ class LeRobotWriter:
             if s.is_text:
                 cols[name] = pa.array([str(v) for v in values], pa.string())
                 continue
-            cols[name] = _column(values, s.dtype)
+            cols[name] = _array(values, s.dtype)
             self.stats.add(name, values.reshape(n, -1), (0,))
         actions = np.concatenate([e.actions for e in eps])
-        cols["action"] = pa.array(actions.astype(np.int64)) if self.spec.discrete else _column(actions, "float32")
+        cols["action"] = pa.array(actions.astype(np.int64)) if self.spec.discrete else _array(actions, "float32")
         self.stats.add("action", actions.reshape(n, -1).astype(np.float64), (0,))
         done = np.zeros(n, dtype=bool)
         trunc = np.zeros(n, dtype=bool)
@@ -347,14 +299,7 @@ class LeRobotWriter:
         self.meta["files"].extend({"file": f, "sha256": sha256_file(self.path / f)} for f in written)
         self.meta["episodes"] = first_ep + len(eps)
         self.meta["frames"] = first_frame + n
-        self.meta["successes"] = int(self.meta["successes"]) + sum(bool(e.success.any()) for e in eps)
-        if self.next_seed is not None:
-            self.meta["next_seed"] = int(self.next_seed)
-        entry = {**self.provenance, "episodes": self.added + len(eps)}
-        if self.added:
-            self.meta["provenance"][-1] = entry
-        else:
-            self.meta["provenance"].append(entry)
+        self._book(self.meta, eps)
         self.added += len(eps)
         for name, info in video_meta.items():
             if self.info["features"][name].get("info") is None:
@@ -388,7 +333,7 @@ class LeRobotWriter:
         _write_json_atomic(self.path / INFO, self.info)
 
 
-def _column(values: np.ndarray, dtype: str) -> Any:
+def _array(values: np.ndarray, dtype: str) -> Any:
     """Scalars as a plain column (LeRobot's shape [1]), vectors as fixed-size lists."""
     import pyarrow as pa
 
@@ -461,7 +406,7 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
             obs_spec[key] = ArraySpec((), "str")
         else:
             shape = tuple(int(x) for x in ft["shape"])
-            arr = _numpy(table, feature).reshape(n, *shape)
+            arr = _column(table, feature).reshape(n, *shape)
             if shape == (1,) and (rl_meta is None or rl_meta["spec"]["observation"].get(key, {}).get("shape") == []):
                 arr = arr.reshape(n)
                 shape = ()
@@ -474,13 +419,13 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
         raise UserError(f"LeRobot dataset '{path}' has no 'action' feature; its features: {sorted(features)}")
     discrete = act_ft["dtype"].startswith("int")
     if discrete:
-        actions = _numpy(table, "action").reshape(n).astype(np.int64)
+        actions = _column(table, "action").reshape(n).astype(np.int64)
     else:
-        actions = _numpy(table, "action").reshape(n, *[int(x) for x in act_ft["shape"]]).astype(np.float32)
-    rewards = _numpy(table, "next.reward").reshape(n).astype(np.float32) if "next.reward" in table.column_names \
+        actions = _column(table, "action").reshape(n, *[int(x) for x in act_ft["shape"]]).astype(np.float32)
+    rewards = _column(table, "next.reward").reshape(n).astype(np.float32) if "next.reward" in table.column_names \
         else np.zeros(n, dtype=np.float32)
     has_success = "next.success" in table.column_names
-    success = _numpy(table, "next.success").reshape(n).astype(bool) if has_success else np.zeros(n, dtype=bool)
+    success = _column(table, "next.success").reshape(n).astype(bool) if has_success else np.zeros(n, dtype=bool)
     if rl_meta is not None:
         spec = EnvSpec.from_dict(rl_meta["spec"])
         if TASK_KEY in spec.observation:
@@ -498,11 +443,9 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
         spec = EnvSpec(obs_spec, action, int(actions.max()) + 1 if discrete else None,
                        int(max(episodes["length"])), task_names, has_success)
         provenance = []
-    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
-    ep_success = dict(zip(episode[starts].tolist(), np.logical_or.reduceat(success, starts).tolist())) if n else {}
     meta = {"format": "lerobot", "codebase_version": version, "episodes": len(episodes["episode_index"]), "steps": n,
             "fps": fps, "features": keymap, "tasks": tasks, "provenance": provenance, "spec": spec.to_dict()}
-    return Dataset(path, meta, spec, obs, actions, rewards, episode, success, ep_success)
+    return Dataset(path, meta, spec, obs, actions, rewards, episode, success)
 
 
 def _resolve_mapping(features: dict[str, Any], mapping: Mapping[str, str] | None, rl_meta: dict | None,
@@ -532,15 +475,6 @@ def _read_tasks(path: Path) -> list[str]:
         return []
     df = pd.read_parquet(path / TASKS)
     return [str(t) for t in df.sort_values("task_index").index]
-
-
-def _numpy(table: Any, name: str) -> np.ndarray:
-    col = table.column(name).combine_chunks()
-    import pyarrow as pa
-
-    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
-        return col.flatten().to_numpy(zero_copy_only=False)
-    return col.to_numpy(zero_copy_only=False)
 
 
 def _image_column(col: Any) -> np.ndarray:

@@ -443,7 +443,7 @@ def _cores() -> int:
 
 
 def make_served_simulator(node: Any) -> tuple[Simulator, str]:
-    """The simulator a ``serve`` config names, and a label for logs and clients (``sim=maniskill task=PushCube-v1``)."""
+    """The simulator a ``serve`` config names, and its label for logs and clients (``maniskill/PushCube-v1``)."""
     from rlinf_cli.registry import make_simulator
     from rlinf_cli.settings import plain
 
@@ -451,8 +451,7 @@ def make_served_simulator(node: Any) -> tuple[Simulator, str]:
     sim = make_simulator(data)
     if getattr(sim, "modality", None) == "text":
         raise UserError(f"'{data['name']}' is a text task: only embodied simulators are served (text tasks need no env server)")
-    keys = [k for k in ("task", "env_id", "tasks", "benchmark", "obs") if data.get(k) not in (None, "", [])]
-    return sim, " ".join([f"sim={data['name']}", *(f"{k}={data[k]}" for k in keys)])
+    return sim, str(getattr(sim, "label", None) or f"sim={data['name']}")
 
 
 def serve_forever(simulator: Simulator, cfg: ServeConfig, label: str) -> None:

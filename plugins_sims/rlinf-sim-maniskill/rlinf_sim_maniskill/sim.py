@@ -197,6 +197,7 @@ class ManiSkillSimulator:
             hint = f" Did you mean '{close[0]}'?" if close else f" Tasks: {', '.join(known)}, ..."
             raise UserError(f"unknown ManiSkill task '{self.cfg.task}'.{hint}")
         self.max_steps = self.cfg.max_episode_steps or int(gym.spec(self.cfg.task).max_episode_steps or 100)
+        self.label = f"maniskill/{self.cfg.task}"  # for titles, tables and env-server logs
         self.spec, self.layout = self._probe()
 
     def _probe(self) -> tuple[EnvSpec, dict[str, tuple[int, int]]]:
