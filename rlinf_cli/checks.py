@@ -178,7 +178,7 @@ def _check_batch(sim: Any, steps: int, seed: int, n: int = 4) -> str:
         rng = np.random.default_rng(0)
         ended = 0
         for _ in range(steps):
-            sb = env.step(np.stack([_random_action(spec, rng) for _ in range(n)]))
+            sb = env.step(spec.random_actions(rng, n))
             assert sb.reward.shape == (n,) and sb.reward.dtype == np.float32, f"reward {sb.reward.dtype}{sb.reward.shape}"
             assert sb.terminated.dtype == bool and sb.truncated.dtype == bool and sb.terminated.shape == (n,)
             assert not (sb.terminated & sb.truncated).any(), "an env both terminated and truncated"

@@ -198,6 +198,7 @@ class IsaacLabSimulator:
         self._prepare_process()
         parse_env_cfg = _isaaclab()
         self.task = resolve_task(self.cfg.task)
+        self.label = f"isaaclab/{self.task}"  # for titles, tables and env-server logs
         env_cfg = parse_env_cfg(self.task, device="cpu", num_envs=1)
         check_assets(asset_paths(env_cfg), self.task, self.cfg.asset_timeout_s)
         self.success = self.cfg.success if self.cfg.success != "auto" else SUCCESS.get(self.task, "none")
