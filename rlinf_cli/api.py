@@ -58,6 +58,10 @@ class EnvSpec:
     # reset(seed) plus the same actions reproduce an episode exactly (resume replays them to
     # restore envs); False for real robots and other non-deterministic simulators
     replayable: bool = True
+    # reset(seeds) gives env i the initial state of seeds[i] alone, whatever the other envs'
+    # seeds (GRPO groups rely on it). False for batched simulators that seed the whole batch at
+    # once (Isaac Lab): GRPO refuses them with one line; PPO and evaluation work unchanged.
+    per_env_seeds: bool = True
 
     @property
     def discrete(self) -> bool:
@@ -81,6 +85,7 @@ class EnvSpec:
             "has_success": self.has_success,
             # only when False: specs saved before the field existed stay equal to new ones
             **({} if self.replayable else {"replayable": False}),
+            **({} if self.per_env_seeds else {"per_env_seeds": False}),
         }
 
     @classmethod
@@ -93,6 +98,7 @@ class EnvSpec:
             tasks=tuple(d.get("tasks", ())),
             has_success=bool(d.get("has_success", False)),
             replayable=bool(d.get("replayable", True)),
+            per_env_seeds=bool(d.get("per_env_seeds", True)),
         )
 
 
@@ -154,6 +160,47 @@ class HostedSimulator(Simulator, Protocol):
 
     def describe(self) -> str:
         """Where the envs are, for the run's notes (``3 servers: host:port, ...``)."""
+        ...
+
+
+class BatchedEnv(Protocol):
+    """``num_envs`` envs stepped by the simulator's own engine in one call (Isaac Lab, ManiSkill
+    on a GPU, any vectorised engine). The core wraps it in
+    :class:`~rlinf_cli.runtime.batched.BatchedVecEnv`, which every executor and the env server
+    step natively: one call per batched step, no per-env worker processes.
+
+    Batches are numpy arrays or torch tensors (any device) with leading dimension ``num_envs``;
+    the core converts them once per step (a view on CPU).
+
+    - ``reset(seeds)``: one seed per env (``None``: the engine's choice). A batch that cannot
+      seed envs one by one seeds the whole batch from ``seeds[0]`` and its simulator's spec says
+      ``per_env_seeds=False``.
+    - ``step(actions)`` (numpy ``[N, *action_shape]``) returns ``(obs, reward, terminated,
+      truncated, info)``. Envs that finished are reset by the engine inside the step (its own
+      autoreset): their rows of ``obs`` begin the next episode. ``info`` may hold ``"success"``
+      (bool ``[N]``) and ``"final_obs"`` (the observations that ended those episodes, rows of the
+      finished envs); without ``final_obs``, truncated episodes are bootstrapped from the value of
+      the observation before their last step.
+    """
+
+    num_envs: int
+
+    def reset(self, seeds: Sequence[int | None]) -> Mapping[str, Any]: ...
+
+    def step(self, actions: np.ndarray) -> tuple[Mapping[str, Any], Any, Any, Any, Mapping[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchedSimulator(Simulator, Protocol):
+    """A simulator that steps many envs as one batch. Executors call :meth:`make_batched_env`
+    instead of starting env workers (:func:`~rlinf_cli.runtime.workers.hosted_vec_env`), and the
+    env server hosts one batched env per session (one round trip per batched step).
+    ``make_env(i)`` still gives a single env (a batch of one), for tools that want one."""
+
+    def make_batched_env(self, indices: Sequence[int]) -> BatchedEnv:
+        """Create envs ``indices`` (global env indices, contiguous) as one batch in this process."""
         ...
 
 

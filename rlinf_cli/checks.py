@@ -141,7 +141,53 @@ def check_simulator(sim: Any, steps: int = 20, seed: int = 7) -> list[tuple[str,
     finally:
         if env is not None:
             env.close()
+    if is_batched(sim):
+        check("a batch of 4 envs in one engine: shapes, dtypes, flags, seeds", lambda: _check_batch(sim, steps, seed))
     return rows
+
+
+def is_batched(sim: Any) -> bool:
+    """A batched simulator, here (``make_batched_env``) or behind an env server (``sim=remote``)."""
+    from rlinf_cli.api import BatchedSimulator, HostedSimulator
+
+    return isinstance(sim, BatchedSimulator) or (isinstance(sim, HostedSimulator) and bool(getattr(sim, "batched", False)))
+
+
+def _check_batch(sim: Any, steps: int, seed: int, n: int = 4) -> str:
+    """The batched path the runtime takes (:func:`~rlinf_cli.runtime.workers.hosted_vec_env`)."""
+    from rlinf_cli.runtime.placement import runtime_config
+    from rlinf_cli.runtime.workers import hosted_vec_env
+
+    spec: EnvSpec = sim.spec
+    env = hosted_vec_env(sim, runtime_config(None), n, True, "check-sim")
+    try:
+        seeds = [seed, seed, seed + 1, seed + 1]
+        obs = env.reset(seeds)
+        for k, s in spec.observation.items():
+            if s.is_text:
+                continue
+            assert obs[k].shape == (n, *s.shape) and obs[k].dtype == np.dtype(s.dtype), \
+                f"obs['{k}'] is {obs[k].dtype}{list(obs[k].shape)}, spec says {s.dtype}{[n, *s.shape]}"
+        if spec.per_env_seeds:
+            for k in obs:
+                np.testing.assert_array_equal(obs[k][0], obs[k][1], err_msg=f"obs['{k}']: two envs reset with one "
+                                              "seed differ (set EnvSpec(per_env_seeds=False) if the batch is seeded as a whole)")
+        again = env.reset(seeds)
+        for k in obs:
+            np.testing.assert_array_equal(obs[k], again[k], err_msg=f"obs['{k}'] differs after the same reset twice")
+        rng = np.random.default_rng(0)
+        ended = 0
+        for _ in range(steps):
+            sb = env.step(spec.random_actions(rng, n))
+            assert sb.reward.shape == (n,) and sb.reward.dtype == np.float32, f"reward {sb.reward.dtype}{sb.reward.shape}"
+            assert sb.terminated.dtype == bool and sb.truncated.dtype == bool and sb.terminated.shape == (n,)
+            assert not (sb.terminated & sb.truncated).any(), "an env both terminated and truncated"
+            assert np.isfinite(sb.reward).all(), "non-finite reward"
+            ended += int((sb.terminated | sb.truncated).sum())
+        return (f"{steps} batched steps, {ended} episode(s) ended" + ("" if spec.per_env_seeds else
+                "; per_env_seeds=False: the batch is seeded as a whole (no GRPO groups)"))
+    finally:
+        env.close()
 
 
 def check_text_task(task: Any, n: int = 50) -> list[tuple[str, bool, str]]:

@@ -323,6 +323,10 @@ class EmbodiedCollector:
         spec = algo.rollout_spec()
         self._spec_rollout, self._rank, self._world = spec, rank, world
         num_envs = spec.groups * spec.group_size if spec.kind == "episodes" else int(self.cfg.num_envs)
+        if spec.kind == "episodes" and spec.group_size > 1 and not self.spec.per_env_seeds:
+            raise UserError(f"--algo {algo.name} compares groups of episodes that start from one seed, but this "
+                            f"simulator seeds its whole batch at once (EnvSpec.per_env_seeds=False, a batched engine "
+                            f"such as Isaac Lab): its groups would not share initial states. Use --algo ppo")
         notes: list[str] = []
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)

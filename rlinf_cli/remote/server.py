@@ -198,6 +198,10 @@ class EnvServer:
         self.spec: EnvSpec = simulator.spec
         self._sim_bytes = pickle.dumps(simulator)
         self._expert = self._probe_expert()
+        from rlinf_cli.api import BatchedSimulator
+
+        # one batch of the engine per session shard: clients open one session per server for it
+        self.batched = isinstance(simulator, BatchedSimulator)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sessions = 0
@@ -311,7 +315,8 @@ class EnvServer:
 
         return wire.pack({"protocol": wire.PROTOCOL, "rlinf": __version__, "simulator": self.label,
                           "spec": self.spec.to_dict(), "cores": _cores(), "expert": self._expert,
-                          "max_message_bytes": self.cfg.max_message_bytes, "max_envs": self.cfg.max_envs})
+                          "max_message_bytes": self.cfg.max_message_bytes, "max_envs": self.cfg.max_envs,
+                          "batched": self.batched})
 
     def _session(self, requests: Iterator[bytes], ctx: Any) -> Iterator[bytes]:
         import grpc

@@ -79,6 +79,9 @@ class ChunkedSimulator:
     def __init__(self, sim: Any, k: int):
         if hasattr(sim, "connect_workers"):
             raise UserError("action chunks run inside each env: a hosted simulator (sim=remote) cannot be chunked yet")
+        if hasattr(sim, "make_batched_env"):
+            raise UserError("action chunks run inside each env: a batched simulator (one engine for all envs, e.g. "
+                            "sim=isaaclab) cannot be chunked yet; use a model without action chunks")
         if k < 2:
             raise ValueError("a chunk has at least 2 actions")
         self.inner, self.k = sim, k

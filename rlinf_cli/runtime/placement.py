@@ -159,8 +159,12 @@ def resolve(cfg: RuntimeConfig, simulator: Any, num_envs: int) -> tuple[RuntimeC
     """Replace ``auto`` by a concrete mode (probing the simulator); other modes pass through."""
     if cfg.mode != "auto":
         return cfg, None
-    from rlinf_cli.api import HostedSimulator
+    from rlinf_cli.api import BatchedSimulator, HostedSimulator
 
+    if isinstance(simulator, BatchedSimulator) and not isinstance(simulator, HostedSimulator):
+        choice = Choice("collocated", 0, 1, "runtime.mode=auto: the simulator steps its envs as one batch of its own "
+                        "engine, in this process (no env workers)")
+        return replace(cfg, mode="collocated"), choice
     if isinstance(simulator, HostedSimulator):  # its envs run on servers: nothing here to probe
         choice = Choice("disaggregated", cfg.env_workers, 1, "runtime.mode=auto: the simulator's envs run on env "
                         "server(s), stepped synchronously (runtime.mode=hybrid pipelines them with inference)")

@@ -230,9 +230,15 @@ class Runner:
             buf.rewards[t, lo:hi] = torch.from_numpy(reward)
             buf.dones[t, lo:hi] = torch.from_numpy(ended.astype(np.float32))
         cut = sb.truncated & ~sb.terminated
-        if self.policy.has_critic and sb.final_obs is not None and cut.any():
-            v_final = self.policy.get_value(obs_to_torch(self._seen(sb.final_obs), self.device))
-            buf.trunc_values[t, lo:hi] = v_final * torch.from_numpy(cut.astype(np.float32)).to(self.device)
+        if self.policy.has_critic and cut.any():
+            mask = torch.from_numpy(cut.astype(np.float32)).to(self.device)
+            if sb.final_obs is not None:
+                v_final = self.policy.get_value(obs_to_torch(self._seen(sb.final_obs), self.device))
+            else:
+                # a batched engine that reset the env without reporting its final observation
+                # (Isaac Lab): bootstrap from the value of the observation before the last step
+                v_final = buf.values[t, lo:hi]
+            buf.trunc_values[t, lo:hi] = v_final * mask
         buf.episodes.extend(self.tracker.update(sb, lo))
         for k, v in sb.stats.items():
             buf.stats[k] = buf.stats.get(k, 0.0) + v

@@ -22,7 +22,7 @@ import numpy as np
 from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder, ObsEncoder, Packed
-from rlinf_cli.runtime.vector import SyncVecEnv, alloc_obs
+from rlinf_cli.runtime.vector import SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
 
 
 class EnvWorkerError(UserError):
@@ -78,21 +78,36 @@ def worker_shards(shards: Sequence[Shard], worker: int) -> list[tuple[int, int]]
     return [(s.lo, s.hi) for s in shards if s.worker == worker]
 
 
-def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, executor: str) -> "WorkerVecEnv | None":
-    """The vec env of a :class:`~rlinf_cli.api.HostedSimulator` (``sim=remote``); None for others.
+def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, executor: str) -> Any:
+    """The vec env of a simulator that brings its own envs; None for others (the executor
+    places single envs itself).
 
-    Every executor calls this first: a hosted simulator's envs already run elsewhere, so the
-    executor starts no workers. ``runtime.env_workers`` (0 = the simulator's default: one session
-    per server core) sets how many sessions the envs are spread over; ``runtime.mode=hybrid``
-    pipelines them in ``pipeline_stages`` groups as for local workers; other modes step all
-    sessions synchronously. Crash recovery (``runtime.max_restarts``) reopens lost sessions.
+    Every executor calls this first. Two kinds of simulators bring their own:
+
+    - a :class:`~rlinf_cli.api.BatchedSimulator` (Isaac Lab): its engine steps the whole batch
+      in one call, so it runs in this process as one
+      :class:`~rlinf_cli.runtime.batched.BatchedVecEnv`; no env workers, whatever the mode.
+    - a :class:`~rlinf_cli.api.HostedSimulator` (``sim=remote``): its envs already run on env
+      servers, so the executor starts no workers. ``runtime.env_workers`` (0 = the simulator's
+      default: one session per server core, one per server when the served simulator is batched)
+      sets how many sessions the envs are spread over; ``runtime.mode=hybrid`` pipelines them in
+      ``pipeline_stages`` groups as for local workers (not for a batched served simulator: each
+      session holds one batch); other modes step all sessions synchronously. Crash recovery
+      (``runtime.max_restarts``) reopens lost sessions.
     """
-    from rlinf_cli.api import HostedSimulator
+    from rlinf_cli.api import BatchedSimulator, HostedSimulator
 
+    if isinstance(simulator, BatchedSimulator) and not isinstance(simulator, HostedSimulator):
+        from rlinf_cli.runtime.batched import shard_vec_env
+
+        env = shard_vec_env(simulator, range(num_envs), autoreset)
+        env.label = f"{num_envs} envs as one batch of the simulator's own engine, in this process (no env workers)"
+        return env
     if not isinstance(simulator, HostedSimulator):
         return None
+    batched = bool(getattr(simulator, "batched", False))
     workers = max(1, min(num_envs, rt.env_workers or simulator.default_workers(num_envs)))
-    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
+    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" and not batched else 1
     shards = plan_shards(num_envs, workers, stages)
     try:
         handles = simulator.connect_workers([worker_shards(shards, w) for w in range(workers)], autoreset, rt.codec,
@@ -103,7 +118,8 @@ def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, exec
         raise EnvWorkerError(f"could not open env sessions: {exc}") from exc
     label = (f"{executor}, {'hybrid' if stages > 1 else 'synchronous'}: {num_envs} envs in {workers} session(s) on "
              f"{simulator.describe()}" + (f", {stages} pipeline stages" if stages > 1 else "")
-             + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
+             + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else "")
+             + (", one batch per session" if batched else ""))
     return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
 
 
@@ -170,12 +186,15 @@ class SharedObs:
 
 
 class EnvWorker:
-    """The object a worker hosts: one :class:`SyncVecEnv` and one codec stream per shard."""
+    """The object a worker hosts: one VecEnv and one codec stream per shard (a
+    :class:`SyncVecEnv` of single envs, or one batch of a batched simulator's engine)."""
 
     def __init__(self, simulator: Simulator, shards: Sequence[tuple[int, int]], autoreset: bool,
                  codec: CodecConfig, shm_name: str | None = None, num_envs: int = 0):
         self.shards = [tuple(s) for s in shards]
-        self.envs = [SyncVecEnv(simulator, range(lo, hi), autoreset) for lo, hi in self.shards]
+        from rlinf_cli.runtime.batched import shard_vec_env
+
+        self.envs = [shard_vec_env(simulator, range(lo, hi), autoreset) for lo, hi in self.shards]
         self.encoders = [ObsEncoder(codec) for _ in self.shards]
         self.shm = SharedObs(simulator.spec, num_envs, shm_name) if shm_name else None
 

@@ -84,9 +84,17 @@ class RemoteSimulator:
         raise UserError(f"the served simulator's expert is not usable: {have}")
 
     # -- HostedSimulator ---------------------------------------------------------------------
+    @property
+    def batched(self) -> bool:
+        """The served simulator steps its envs as one batch (Isaac Lab): one session per server
+        holds them all, and each batched step is one request."""
+        return bool(self.servers[0].get("batched", False))
+
     def default_workers(self, num_envs: int) -> int:
         if self.cfg.sessions_per_server:
             return self.cfg.sessions_per_server * len(self.endpoints)
+        if self.batched:
+            return len(self.endpoints)
         return sum(max(1, int(info.get("cores", 1))) for info in self.servers)
 
     def connect_workers(self, shard_lists: Sequence[Sequence[tuple[int, int]]], autoreset: bool, codec: Any,
