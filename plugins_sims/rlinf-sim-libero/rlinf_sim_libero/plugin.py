@@ -1,0 +1,9 @@
+"""LIBERO as an rlinf simulator. Importing this module imports neither libero, robosuite nor mujoco."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("libero", "rlinf_sim_libero.sim:LiberoSimulator",
+             summary="LIBERO suites (spatial/object/goal/10/90): instructions, two cameras, fixed initial states, success")
