@@ -66,6 +66,23 @@ def make_raw_env(api: SimpleNamespace, bddl_file: str) -> Any:
                           has_renderer=False, hard_reset=False, ignore_done=True, horizon=100_000)
 
 
+def reset_raw(raw_env: Any, key: tuple[int, ...]) -> None:
+    """``raw_env.reset()`` with its randomness a function of ``key`` (task, initial state).
+
+    The stored initial states hold joint positions only. Fixtures without joints (cabinets,
+    stoves) are placed at every reset by LIBERO's samplers, which draw from numpy's global RNG
+    (centimetres of jitter; upstream seeds it once per process with ``env.seed``). Seeding that RNG
+    from ``key`` makes one (task, initial state) one scene; the caller's global RNG state is put back.
+    """
+    saved = np.random.get_state()
+    np.random.seed(np.random.SeedSequence([0x11BE, *key]).generate_state(1)[0])
+    try:
+        raw_env.reset()
+    finally:
+        np.random.set_state(saved)
+    forget_last_episode(raw_env)
+
+
 def forget_last_episode(raw_env: Any) -> None:
     """What robosuite's soft reset (``hard_reset=False``) keeps from the previous episode, cleared.
 

@@ -112,8 +112,7 @@ class LiberoEnv:
         self._task, _ = suites.seed_to_state(int(seed), len(self.tasks), 1)
         _, state = suites.seed_to_state(int(seed), len(self.tasks), self.tasks[self._task].n_states, self.cfg.held_out)
         self._raw, self._renderer = self._slot(self._task)
-        self._raw.reset()
-        backend.forget_last_episode(self._raw)
+        backend.reset_raw(self._raw, (self.tasks[self._task].index, int(state)))
         raw_obs = self._raw.set_init_state(self._init_states(self._task)[state])
         for _ in range(self.cfg.settle_steps):
             raw_obs, _, _, _ = self._raw.step(SETTLE_ACTION.copy())
