@@ -110,7 +110,7 @@ $(LIBERO_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml
 
 # LIBERO integration tests (marker `libero`): the real suites, in .venv.
 test-libero: libero
-	$(PY) -m pytest -q -m libero tests/test_libero.py
+	$(PY) -m pytest -q -m libero tests/test_libero.py tests/test_contracts.py
 
 # Release artifacts: an sdist and a wheel for the core and for every package under plugins*/ (found,
 # not listed), built with the standard front end (`python -m build`, isolated), then checked: twine
