@@ -141,7 +141,9 @@ class CameraRenderer:
 
     def close(self) -> None:
         _LIVE.discard(self)
-        self._renderer.close()
+        renderer, self._renderer = self._renderer, None
+        if renderer is not None and hasattr(renderer, "close"):  # MuJoCo 2.3.7 (LIBERO's reference stack)
+            renderer.close()  # has no Renderer.close: its GL context is freed when the renderer is collected
 
 
 def make_renderer(raw_env: Any, size: int) -> Any:
