@@ -67,6 +67,23 @@ def test_check_sim_passes_for_every_suite(suite):
     assert len(sim.spec.tasks) == (90 if suite == "90" else 10)
 
 
+def test_success_is_libero_check_rewarded_and_terminal():
+    """No policy solves a task here, so the goal state is set by hand: the stove's knob turned on."""
+    sim = make(suite="goal", tasks=["turn_on_the_stove"], image_size=32)
+    env = sim.make_env(0)
+    try:
+        env.reset(seed=1_000_000)
+        _, r, term, _, info = env.step(np.zeros(7))
+        assert (r, term, info["success"]) == (0.0, False, False)
+        inner = env._raw.env  # LIBERO's own env under ControlEnv
+        inner.object_states_dict["flat_stove_1"].set_joint(1.0)  # inside LIBERO's "turned on" range
+        inner.sim.forward()
+        _, r, term, trunc, info = env.step(np.zeros(7))
+        assert (r, term, trunc, info["success"]) == (1.0, True, False, True)
+    finally:
+        env.close()
+
+
 def test_images_are_the_cameras_view_and_robosuites_upside_down():
     """What docs/libero.md says: our frames are robosuite's own rendering flipped vertically."""
     from libero.libero.envs import OffScreenRenderEnv
