@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import logging
 import os
 import weakref
 from types import SimpleNamespace
@@ -32,6 +33,15 @@ def quiet() -> Iterator[None]:
         yield
 
 
+class _NoMacroAdvice(logging.Filter):
+    """robosuite warns at every import that it has no private macro file (a settings file its users
+    may create): three lines on every rlinf command, with nothing to do about them. Only those go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("private macro file" in text or "setup_macros.py" in text)
+
+
 def load_api() -> SimpleNamespace:
     """``benchmark`` (suites), ``get_libero_path`` and ``ControlEnv`` from the installed LIBERO."""
     try:
@@ -45,6 +55,7 @@ def load_api() -> SimpleNamespace:
         from rlinf_mujoco_gl import prepare_mujoco_gl
 
         prepare_mujoco_gl()  # before robosuite imports mujoco: headless EGL unless MUJOCO_GL says otherwise
+        logging.getLogger("robosuite_logs").addFilter(_NO_MACRO_ADVICE)  # the logger robosuite configures at import
         with quiet():
             from libero.libero.envs.env_wrapper import ControlEnv
 
@@ -95,6 +106,8 @@ def forget_last_episode(raw_env: Any) -> None:
         if gripper is not None and hasattr(gripper, "current_action"):
             gripper.current_action = np.zeros_like(gripper.current_action)
 
+
+_NO_MACRO_ADVICE = _NoMacroAdvice()
 
 _LIVE: "weakref.WeakSet[CameraRenderer]" = weakref.WeakSet()
 
