@@ -4,9 +4,8 @@
   LIBERO-PRO ``spatial_lan``); ``tasks: [0, 3]`` or task names pick tasks of the suite (default all).
 - ``reset(seed=s)`` starts task ``tasks[k % T]`` from one of the suite's fixed initial states
   (rlinf_sim_libero/suites.py: ``seed_to_state``), then lets the scene settle for ``settle_steps``
-  steps with the arm still and the gripper open (objects are placed slightly above their rest
-  positions in the stored states), as LIBERO evaluations do. A GRPO group (one seed) shares its
-  task and initial state.
+  steps with the arm still and the gripper open, as LIBERO evaluations commonly do. A GRPO group
+  (one seed) shares its task and initial state.
 - Observations: ``rgb`` (agent-view camera) and ``wrist_rgb`` (eye-in-hand camera), ``[S, S, 3]``
   uint8; ``proprio`` (end-effector position and quaternion, gripper finger positions; 9-d);
   ``task_id``; ``instruction`` (the task's language instruction, a text entry).
