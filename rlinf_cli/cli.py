@@ -247,22 +247,32 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
+def _usage_error() -> type[Exception]:
+    """The usage-error class the installed typer raises: typer 0.2x vendors click (``typer._click``,
+    and no longer installs click), older typer raises click's own."""
+    try:
+        from typer._click.exceptions import UsageError
+    except ImportError:
+        from click.exceptions import UsageError
+    return UsageError
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input -> one line on stderr and exit code 2."""
-    import click
-
+    usage_error = _usage_error()
     try:
         code = app(args=argv, standalone_mode=False)
     except UserError as exc:
         _fail(str(exc))
-    except click.exceptions.UsageError as exc:
-        _fail(exc.format_message() + (f" (see `rlinf {exc.ctx.command_path.split(' ', 1)[-1]} --help`)" if exc.ctx else ""))
-    except click.exceptions.Abort:
+    except usage_error as exc:
+        ctx = getattr(exc, "ctx", None)
+        _fail(exc.format_message() + (f" (see `rlinf {ctx.command_path.split(' ', 1)[-1]} --help`)" if ctx else ""))
+    except typer.Abort:  # click's Abort under older typer
         sys.exit(130)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -33,7 +33,14 @@ def _embodied(kind):
     return [s for s in _specs(kind) if not s.attrs.get("modality") == "text"]
 
 
-@pytest.mark.parametrize("spec", _embodied("simulator"), ids=lambda s: s.name)
+def _marked(specs):
+    """Plugins whose component needs an opt-in install name a pytest marker (``test_marker``):
+    their contract test runs under it (e.g. ``make test-libero``), not in ``make test``."""
+    return [pytest.param(s, marks=getattr(pytest.mark, s.attrs["test_marker"])) if s.attrs.get("test_marker") else s
+            for s in specs]
+
+
+@pytest.mark.parametrize("spec", _marked(_embodied("simulator")), ids=lambda s: s.name)
 def test_simulator_contract(spec):
     """The checks of `rlinf check-sim`: spec, pickling, reset/step shapes, seeded determinism, expert."""
     from rlinf_cli.checks import check_simulator

@@ -161,20 +161,37 @@ def pct(summary: dict[str, float], key: str) -> str:
     return f"{summary[key]:.0%}" if key in summary else "n/a"
 
 
-def eval_table(rows: dict[str, dict[str, float]], title: str) -> Any:
-    """A rich table: one row per policy/label with the summary numbers."""
+def eval_table(rows: dict[str, dict[str, float]], title: str, instructions: dict[str, str] | None = None) -> Any:
+    """A rich table: one row per policy/label with the summary numbers; with ``instructions``
+    (row label -> text), a column with what the policy was told on that row's episodes."""
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("policy", "episodes", "return (mean ± std)", "success_once", "success_at_end", "length"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+    cols = ("policy", *(("instruction",) if instructions else ()), "episodes", "return (mean ± std)",
+            "success_once", "success_at_end", "length")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("policy", "instruction") else "right")
     for label, s in rows.items():
+        told = (instructions.get(label, ""),) if instructions else ()
         if not s:
-            table.add_row(label, "-", "-", "-", "-", "-")
+            table.add_row(label, *told, "-", "-", "-", "-", "-")
             continue
-        table.add_row(label, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
+        table.add_row(label, *told, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
                       pct(s, "success_once"), pct(s, "success_at_end"), f"{s['length_mean']:.1f}")
     return table
+
+
+def instructions_by_row(episodes: Sequence[EpisodeStats], rows: dict[str, Any], label: str,
+                        tasks: Sequence[str]) -> dict[str, str]:
+    """Row label -> the instruction its episodes were given (several differing: joined with ' | ')."""
+    def told(eps: Sequence[EpisodeStats]) -> str:
+        return " | ".join(dict.fromkeys(e.instruction for e in eps if e.instruction))
+
+    out = {f"{label} · {name}": told([e for e in episodes if e.task == i]) for i, name in enumerate(tasks)}
+    out = {k: v for k, v in out.items() if k in rows and v}
+    if label in rows and told(episodes):
+        out[label] = told(episodes)
+    return out
 
 
 class EmbodiedCollector:
@@ -614,10 +631,13 @@ class EmbodiedCollector:
             rows[f"{label} · mean over {len(per_task)} tasks"] = mean
             metrics.update({f"eval/task/{task}/{k}": v for task, s in per_task.items() for k, v in s.items()})
             metrics.update({f"eval/task_mean/{k}": v for k, v in mean.items()})
+        told = instructions_by_row(eps, rows, label, self.spec.tasks)
+        if told:
+            extra["instructions"] = told
         return Evaluation(summary, rows, metrics, extra)
 
-    def table(self, rows: dict[str, dict[str, float]], title: str) -> Any:
-        return eval_table(rows, title)
+    def table(self, rows: dict[str, dict[str, float]], title: str, instructions: dict[str, str] | None = None) -> Any:
+        return eval_table(rows, title, instructions)
 
     # -- datasets (sft) and demonstrations (collect) ----------------------------------------------
     def dataset(self, path: str, val_fraction: float, seed: int) -> Any:

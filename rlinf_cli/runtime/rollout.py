@@ -30,6 +30,7 @@ class EpisodeStats:
     success_at_end: bool  # the task was solved at the episode's last step
     seed: int | None = None
     task: int | None = None  # multi-task simulators: index into EnvSpec.tasks (from the obs key "task_id")
+    instruction: str | None = None  # the episode's first text observation (a task instruction), if the spec has one
 
 
 def env_action(spec: EnvSpec, action: torch.Tensor) -> np.ndarray:
@@ -318,6 +319,9 @@ def run_episodes(
     obs = env.reset(seeds)
     # Simulators with several tasks say in the observation which task each env runs.
     tasks = np.asarray(obs[TASK_KEY]).reshape(n).copy() if TASK_KEY in obs else None
+    # ... and language-conditioned ones what each env was told (evaluation tables show it)
+    text_key = next((k for k, s in env.spec.observation.items() if s.is_text and k in obs), None)
+    texts = [str(x) for x in np.asarray(obs[text_key], dtype=object).reshape(n)] if text_key else None
     alive = np.ones(n, dtype=bool)
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
@@ -339,7 +343,7 @@ def run_episodes(
         if not alive.any():
             break
     return [EpisodeStats(float(ret[i]), int(length[i]), bool(success_once[i]), bool(success_last[i]), int(seeds[i]),
-                         None if tasks is None else int(tasks[i]))
+                         None if tasks is None else int(tasks[i]), None if texts is None else texts[i])
             for i in range(n)]
 
 

@@ -42,7 +42,9 @@ def run(cfg: Any) -> dict[str, Any]:
         result = {"stage": "eval", "modality": collector.modality, "checkpoint": source, "run_dir": str(ctx.run_dir),
                   "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary, **ev.extra,
                   "mlflow_run_id": tracker.run_id}
-        table = collector.table(ev.rows, f"rlinf eval: {collector.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})")
+        title = f"rlinf eval: {collector.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})"
+        told = ev.extra.get("instructions")  # language-conditioned simulators: what each row's episodes were told
+        table = collector.table(ev.rows, title, instructions=told) if told else collector.table(ev.rows, title)
         if (cfg.get("register") or {}).get("name"):  # opt-in: the MLflow model registry
             result["registry"] = model_registry.register(tracker, source, ev.extra.get("task_mean") or ev.summary, cfg,
                                                          common.table_text(table))

@@ -1,0 +1,1 @@
+"""LIBERO manipulation suites as an rlinf simulator (see sim.py)."""

@@ -1,0 +1,12 @@
+"""LIBERO as an rlinf simulator. Importing this module imports neither libero, robosuite nor mujoco."""
+
+from rlinf_cli.hookspecs import hookimpl
+
+
+@hookimpl
+def register_simulators(register):
+    register("libero", "rlinf_sim_libero.sim:LiberoSimulator",
+             summary="LIBERO suites (spatial/object/goal/10/90): instructions, two cameras, fixed initial states, success",
+             # LIBERO itself is an opt-in install (`make libero`): the repository's contract test of
+             # this simulator runs under the pytest marker `libero` (`make test-libero`), not in `make test`
+             test_marker="libero")
