@@ -233,12 +233,17 @@ class _Sim:
     ({}, _Sim(True), None, True, False, (False, False)),  # a checkpoint without statistics (init=, resume)
     ({}, _Sim(True), None, False, True, (False, False)),  # overlap_update cannot share statistics
     ({}, _Sim(False), NormalizeConfig(obs=True), True, False, (True, False)),  # as the checkpoint was trained
+    ({}, _Sim(True), None, False, "sac", (False, False)),  # an algorithm that opts out (normalize_auto = False)
+    ({"normalize_obs": True}, _Sim(True), None, False, "sac", (True, False)),  # ... unless asked
+    ({}, _Sim(True), None, False, "ppo", (True, True)),
 ])
-def test_auto_resolves_from_checkpoint_then_simulator(env, sim, ckpt, from_ckpt, overlap, want):
+def test_auto_resolves_from_checkpoint_then_algorithm_then_simulator(env, sim, ckpt, from_ckpt, overlap, want):
+    from rlinf_cli.registry import get_registry
     from rlinf_cli.runtime.normalize import resolve
 
+    algo = get_registry().load("algorithm", overlap) if isinstance(overlap, str) else None
     checkpoint = Normalizer(SPEC, ckpt) if ckpt is not None else None
-    cfg, why = resolve(env, sim, checkpoint, from_ckpt, overlap)
+    cfg, why = resolve(env, sim, checkpoint, from_ckpt, overlap is True, algo)
     assert (cfg.obs, cfg.reward) == want
     assert why is not None and "=auto ->" in why
 

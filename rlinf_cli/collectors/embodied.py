@@ -281,13 +281,13 @@ class EmbodiedCollector:
         act = policy_actor(policy, self.spec, self.ctx.device, deterministic)
         return act if self.normalizer is None else self.normalizer.actor(act)
 
-    def _start_normalizer(self, num_envs: int, resumed: bool, overlap: bool = False) -> list[str]:
+    def _start_normalizer(self, num_envs: int, resumed: bool, overlap: bool = False, algo: Any = None) -> list[str]:
         """The statistics this run updates: continued from the checkpoint it starts from, or new.
         ``env.normalize_* = auto`` is decided here (runtime/normalize.py: resolve)."""
         from rlinf_cli.runtime.normalize import Normalizer, resolve
 
         loaded = self.normalizer
-        want, why = resolve(self.cfg.get("env"), self.sim, loaded, bool(self.cfg.get("init")) or resumed, overlap)
+        want, why = resolve(self.cfg.get("env"), self.sim, loaded, bool(self.cfg.get("init")) or resumed, overlap, algo)
         notes = [why] if why else []
         if loaded is not None:
             have = loaded.config
@@ -336,7 +336,7 @@ class EmbodiedCollector:
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
         overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
-        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0, overlap)
+        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0, overlap, algo)
         if self.normalizer is not None:
             if overlap:
                 raise UserError("runtime.overlap_update=true collects in another process, which cannot share the running "

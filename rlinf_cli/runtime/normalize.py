@@ -18,7 +18,8 @@ optional ``normalize_default`` attribute; the gymnasium plugin sets it for state
 control, where it is what makes MuJoCo locomotion learn like Stable-Baselines3's ``VecNormalize``
 runs), off otherwise, and always what a checkpoint the run starts from was trained with: off for a
 cloned policy (``init=`` an `sft` checkpoint expects raw observations) or a resumed run without
-statistics, and off with ``runtime.overlap_update`` (which cannot share them).
+statistics, off with ``runtime.overlap_update`` (which cannot share them) and off for an
+algorithm that opts out (``Algorithm.normalize_auto = False``: SAC).
 """
 
 from __future__ import annotations
@@ -90,15 +91,16 @@ def recommended(simulator: Any) -> bool:
 
 
 def resolve(env: Any, simulator: Any, checkpoint: "Normalizer | None", from_checkpoint: bool,
-            overlap: bool = False) -> tuple[NormalizeConfig, str | None]:
+            overlap: bool = False, algorithm: Any = None) -> tuple[NormalizeConfig, str | None]:
     """The normalization an `rl` run uses, with ``auto`` switches decided, and why (a note, or
     None when nothing was left to ``auto``).
 
     ``auto`` follows, in order: the statistics of the checkpoint the run starts from (``init=``
     or a resume: its policy was trained on what they say), off for a checkpoint without
     statistics (a cloned or unnormalized policy expects raw observations), off with
-    ``runtime.overlap_update`` (the collecting process cannot share running statistics), and
-    otherwise the simulator's recommendation (:func:`recommended`).
+    ``runtime.overlap_update`` (the collecting process cannot share running statistics), off for
+    an algorithm whose ``normalize_auto`` is False (SAC), and otherwise the simulator's
+    recommendation (:func:`recommended`).
     """
     obs, reward = switches(env)
     if obs is not None and reward is not None:
@@ -109,6 +111,9 @@ def resolve(env: Any, simulator: Any, checkpoint: "Normalizer | None", from_chec
         auto, why = (False, False), "off: the checkpoint has no statistics (its policy expects raw observations)"
     elif overlap:
         auto, why = (False, False), "off: runtime.overlap_update cannot share running statistics"
+    elif algorithm is not None and getattr(algorithm, "normalize_auto", True) is False:
+        name = getattr(algorithm, "name", "") or type(algorithm).__name__
+        auto, why = (False, False), f"off: algorithm '{name}' does not take it by default"
     elif recommended(simulator):
         auto, why = (True, True), "on: the simulator recommends it (state-based continuous control)"
     else:
