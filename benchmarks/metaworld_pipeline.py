@@ -11,6 +11,15 @@ own run directory and MLflow store.
 
 Prints one table: success (success_once, over --eval-episodes held-out seeds) of expert, SFT,
 SFT+PPO and SFT+GRPO per task and on average, and the wall time of each stage.
+
+``--sac-steps N`` adds the off-policy counterpart: `rlinf rl algo=sac demos=<the same demos>`
+for N env steps from a fresh policy (RLPD-style: half of every batch from the demonstrations,
+plus a behaviour-cloning term; ``--sac`` holds its settings), evaluated on the same seeds as
+"SAC+demos". The SAC-from-demonstrations comparison of docs/benchmarks.md (GRPO skipped, SAC and
+PPO at the same budget, grasping tasks in the set):
+
+    python benchmarks/metaworld_pipeline.py --tasks pick-place-v3 peg-unplug-side-v3 push-v3 lever-pull-v3 \
+        --demos 10 --ppo-steps 20000 --grpo-steps 0 --sac-steps 20000
 """
 
 from __future__ import annotations
@@ -57,6 +66,11 @@ def pipeline(task: str, a: argparse.Namespace) -> dict:
                    f"run_dir={root / algo}", *extra], log)
         times[algo] = res["wall_s"]
         ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"]
+    if a.sac_steps > 0:  # off-policy from the same demonstrations (no SFT: the demos seed its batches)
+        res = run(["rl", "--algo", "sac", *sim, *common, f"demos={data}", f"total_steps={a.sac_steps}",
+                   f"model.hidden_sizes={a.hidden}", "eval.episodes=0", f"run_dir={root / 'sac'}", *a.sac], log)
+        times["sac"] = res["wall_s"]
+        ckpts["SAC+demos"] = res["checkpoint"]
     success: dict[str, float] = {}
     t0 = time.time()
     for label, ckpt in ckpts.items():
@@ -69,8 +83,8 @@ def pipeline(task: str, a: argparse.Namespace) -> dict:
 
 
 def table(rows: list[dict], a: argparse.Namespace, wall: float) -> str:
-    labels = [k for k in ("expert", "SFT", "SFT+PPO", "SFT+GRPO") if k in rows[0]["success"]]
-    stages = [k for k in ("collect", "sft", "ppo", "grpo", "eval") if k in rows[0]["seconds"]]
+    labels = [k for k in ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos") if k in rows[0]["success"]]
+    stages = [k for k in ("collect", "sft", "ppo", "grpo", "sac", "eval") if k in rows[0]["seconds"]]
     head = ["task", *labels, *(f"{s} s" for s in stages)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -80,7 +94,7 @@ def table(rows: list[dict], a: argparse.Namespace, wall: float) -> str:
     tsum = {s: sum(r["seconds"][s] for r in rows) for s in stages}
     lines.append("| " + " | ".join([f"**average ({len(rows)} tasks)**", *(f"**{mean[k]:.0%}**" for k in labels),
                                     *(f"{tsum[s]:.0f} (sum)" for s in stages)]) + " |")
-    gain = {k: mean[k] - mean["SFT"] for k in labels if k.startswith("SFT+")}
+    gain = {k: mean[k] - mean["SFT"] for k in labels if k.startswith(("SFT+", "SAC+"))}
     lines.append("")
     lines.append(f"{a.demos} demos/task, success_once on {a.eval_episodes} held-out seeds per task; "
                  + ", ".join(f"{k} - SFT = {v * 100:+.0f} points" for k, v in gain.items())
@@ -103,6 +117,13 @@ def main() -> None:
     p.add_argument("--grpo", nargs="*", default=["algo.groups=8", "algo.group_size=4", "algo.filter_groups=true",
                                                   "algo.epochs=10", "algo.minibatch_size=256"],
                    help="extra overrides for the GRPO stage")
+    p.add_argument("--sac-steps", type=int, default=0, help="> 0: also SAC from the demonstrations (no SFT) for this many env steps")
+    # one env, learning from the first step (the demos fill half of every batch), a small initial
+    # temperature and a behaviour-cloning term: with a sparse 0/1 reward the default temperature's
+    # entropy bonus outweighs the reward (docs/algorithms.md, push-v3)
+    p.add_argument("--sac", nargs="*", default=["num_envs=1", "algo.warmup_steps=0", "algo.init_temperature=0.05",
+                                                 "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000"],
+                   help="extra overrides for the SAC stage")
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--jobs", type=int, default=2, help="tasks run in parallel")
     p.add_argument("--out", default="rlinf_runs/bench_metaworld/" + time.strftime("%Y%m%d-%H%M%S"))

@@ -15,7 +15,7 @@ gradient clip 0.5, 64x64 tanh actor and critic with orthogonal init, state-indep
 SAC: one env, ``--sac-warmup`` random steps, then one gradient step per env step, batch 256,
 lr 3e-4 for actor, critics and temperature, gamma 0.99, tau 0.005, twin Q, automatic temperature
 (initial 1, target -dim(A)), 256x256 ReLU networks with torch's default init, buffer
-``--sac-buffer``. Known differences: SB3 clamps the actor's log std to [-20, 2], rlinf bounds it
+``--sac-buffer``, no normalization in either (rlinf's default would turn it on: set off here). Known differences: SB3 clamps the actor's log std to [-20, 2], rlinf bounds it
 smoothly to [-5, 2]; SB3 steps three optimizers, rlinf one over the three disjoint losses.
 
     python benchmarks/mujoco_vs_sb3.py --tasks Hopper-v5,HalfCheetah-v5,Walker2d-v5,Ant-v5 \\
@@ -121,7 +121,9 @@ def rlinf_args(args: argparse.Namespace, task: str, algo: str, seed: int) -> lis
         "algo=sac", f"total_steps={args.sac_steps}", "num_envs=1", "algo.rollout_steps=1",
         f"algo.warmup_steps={args.sac_warmup}", f"algo.buffer_size={args.sac_buffer}", "algo.minibatch_size=256",
         "algo.lr=3e-4", "algo.utd=1.0", "algo.gamma=0.99", "algo.tau=0.005", "algo.init_temperature=1.0",
-        "model.hidden_sizes=[256,256]", "model.activation=relu", "model.ortho_init=false"]
+        "model.hidden_sizes=[256,256]", "model.activation=relu", "model.ortho_init=false",
+        # SB3's SAC runs without VecNormalize here; rlinf's default (auto) would normalize MuJoCo state tasks
+        "env.normalize_obs=false", "env.normalize_reward=false"]
 
 
 def run_rlinf(args: argparse.Namespace, task: str, algo: str, seed: int) -> dict:

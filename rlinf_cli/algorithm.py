@@ -102,6 +102,9 @@ class Algorithm:
     rollout: ClassVar[str] = "steps"  # one of ROLLOUT_KINDS
     uses_critic: ClassVar[bool] = True  # needs a model with a value head
     uses_q: ClassVar[bool] = False  # needs a model with Q heads (the off-policy interface of Policy)
+    # env.normalize_*=auto may turn running normalization on for it where the simulator recommends
+    # it (rlinf_cli/runtime/normalize.py: resolve); False keeps auto off (SAC: off-policy practice)
+    normalize_auto: ClassVar[bool] = True
 
     def __init__(self, config: Any):
         self.config = config

@@ -138,6 +138,12 @@ class Simulator(Protocol):
         """A scripted expert ``(obs of one env, env index) -> action``, or None if there is none."""
         ...
 
+    # Optional attributes the core reads with getattr: ``label`` (titles), ``fps`` (videos),
+    # ``with_video(size)``, ``instructions``, and ``normalize_default``: True where running
+    # normalization of observations and rewards helps this simulator's tasks (state-based
+    # continuous control); ``env.normalize_obs/normalize_reward=auto`` turn it on there
+    # (rlinf_cli/runtime/normalize.py: resolve).
+
 
 @runtime_checkable
 class HostedSimulator(Simulator, Protocol):

@@ -1,4 +1,4 @@
-"""PPO on a continuous MuJoCo task; GRPO against the random policy."""
+"""PPO on continuous control tasks (MuJoCo, MountainCarContinuous); GRPO against the random policy."""
 
 from __future__ import annotations
 
@@ -15,6 +15,18 @@ def test_ppo_reaches_900_on_inverted_pendulum(cli, workdir):
     assert res.code == 0, res.err
     ev = json.loads((workdir / "run" / "result.json").read_text())["eval"]
     assert ev["return_mean"] >= 900, ev
+
+
+def test_ppo_defaults_solve_mountain_car_continuous(cli, workdir):
+    """The +100 at the flag against -0.1 a^2 per step: without normalization PPO settles on not
+    pushing (return ~0, docs/benchmarks.md); the default (env.normalize_*=auto, on for gymnasium's
+    state-based continuous control) scales rewards by the return's std, and it swings up."""
+    res = cli("rl", "sim.env_id=MountainCarContinuous-v0", "total_steps=60000", "eval.episodes=10",
+              "run_dir=run", "tracking.enabled=false", "progress=false")
+    assert res.code == 0, res.err
+    assert "=auto -> on" in res.err
+    ev = json.loads((workdir / "run" / "result.json").read_text())["eval"]
+    assert ev["return_mean"] > 90, ev
 
 
 def test_grpo_triples_the_random_return_on_cartpole(cli, workdir):

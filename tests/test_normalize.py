@@ -199,7 +199,11 @@ def test_rl_init_from_a_checkpoint_keeps_its_statistics(workdir):
     assert "continuing the checkpoint's running statistics" in res.stderr
     before, after = load_file(str(final / FILE)), load_file(str(workdir / "b/checkpoints/final" / FILE))
     assert after["state.count"][0] == pytest.approx(before["state.count"][0] + 64, abs=1e-3)
-    off = [a for a in ARGS if not a.startswith("env.normalize")]
+    auto = [a for a in ARGS if not a.startswith("env.normalize")]  # the default: auto
+    res = _run("rl", *auto, "total_steps=64", f"init={final}", "run_dir=auto")
+    assert "=auto -> as the checkpoint was trained" in res.stderr
+    assert "continuing the checkpoint's running statistics" in res.stderr
+    off = [*auto, "env.normalize_obs=false", "env.normalize_reward=false"]
     res = _run("rl", *off, "total_steps=64", f"init={final}", "run_dir=c")
     assert "used frozen" in res.stderr
     frozen = load_file(str(workdir / "c/checkpoints/final" / FILE))
@@ -208,3 +212,79 @@ def test_rl_init_from_a_checkpoint_keeps_its_statistics(workdir):
     res = subprocess.run([RLINF, "rl", *ARGS, "total_steps=64", f"init={workdir / 'raw/checkpoints/final'}",
                           "run_dir=d"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "expects raw observations" in res.stderr and "Traceback" not in res.stderr
+    # auto with a checkpoint without statistics (a cloned policy, as `rlinf sft` writes): off
+    res = _run("rl", *auto, "total_steps=64", f"init={workdir / 'raw/checkpoints/final'}", "run_dir=e")
+    assert "=auto -> off: the checkpoint has no statistics" in res.stderr
+    assert not (workdir / "e/checkpoints/final" / FILE).exists()
+
+
+class _Sim:
+    def __init__(self, recommends: bool | None):
+        if recommends is not None:
+            self.normalize_default = recommends
+
+
+@pytest.mark.parametrize("env,sim,ckpt,from_ckpt,overlap,want", [
+    ({}, _Sim(True), None, False, False, (True, True)),  # the default, where the simulator recommends it
+    ({}, _Sim(False), None, False, False, (False, False)),
+    ({}, _Sim(None), None, False, False, (False, False)),  # a simulator that says nothing: off
+    ({"normalize_obs": False}, _Sim(True), None, False, False, (False, True)),  # explicit wins, per switch
+    ({"normalize_reward": True}, _Sim(False), None, False, False, (False, True)),
+    ({}, _Sim(True), None, True, False, (False, False)),  # a checkpoint without statistics (init=, resume)
+    ({}, _Sim(True), None, False, True, (False, False)),  # overlap_update cannot share statistics
+    ({}, _Sim(False), NormalizeConfig(obs=True), True, False, (True, False)),  # as the checkpoint was trained
+    ({}, _Sim(True), None, False, "sac", (False, False)),  # an algorithm that opts out (normalize_auto = False)
+    ({"normalize_obs": True}, _Sim(True), None, False, "sac", (True, False)),  # ... unless asked
+    ({}, _Sim(True), None, False, "ppo", (True, True)),
+])
+def test_auto_resolves_from_checkpoint_then_algorithm_then_simulator(env, sim, ckpt, from_ckpt, overlap, want):
+    from rlinf_cli.registry import get_registry
+    from rlinf_cli.runtime.normalize import resolve
+
+    algo = get_registry().load("algorithm", overlap) if isinstance(overlap, str) else None
+    checkpoint = Normalizer(SPEC, ckpt) if ckpt is not None else None
+    cfg, why = resolve(env, sim, checkpoint, from_ckpt, overlap is True, algo)
+    assert (cfg.obs, cfg.reward) == want
+    assert why is not None and "=auto ->" in why
+
+
+def test_auto_is_not_a_boolean_to_guess(cli):
+    from rlinf_cli.runtime.normalize import resolve
+
+    cfg, why = resolve({"normalize_obs": True, "normalize_reward": False}, _Sim(False), None, False)
+    assert (cfg.obs, cfg.reward, why) == (True, False, None)  # nothing left to auto: no note
+    res = cli("rl", *ARGS, "env.normalize_obs=yes", "run_dir=x")
+    assert res.code == 2 and "env.normalize_obs must be true, false or auto" in res.err
+
+
+def test_default_is_on_for_state_continuous_control_and_off_elsewhere(workdir):
+    """The gymnasium plugin recommends it for continuous actions on state observations (Pendulum):
+    the default run normalizes, saves the statistics, and `eval` on its checkpoint uses them;
+    discrete CartPole and camera images stay unnormalized; a pinned recipe can switch it off."""
+    from rlinf_sim_gymnasium.sim import GymnasiumSimulator
+
+    def recommends(**cfg) -> bool:
+        return GymnasiumSimulator(cfg).normalize_default
+
+    assert recommends(env_id="Pendulum-v1") and recommends(env_id="Hopper-v5")
+    assert not recommends(env_id="CartPole-v1")
+    assert not recommends(env_id="InvertedPendulum-v5", obs="state_rgb", image_size=16)
+    base = [a for a in ARGS if not a.startswith("env.normalize")]
+    res = _run("rl", *base, "total_steps=64", "run_dir=on")
+    assert "=auto -> on: the simulator recommends it" in res.stderr
+    final = workdir / "on/checkpoints/final"
+    assert load_stats(final)["state.count"][0] > 64  # updated by the run's observations
+    ev = _run("eval", "sim=gymnasium", "sim.env_id=Pendulum-v1", f"checkpoint={final}", "episodes=3",
+              "tracking.enabled=false", "progress=false", "run_dir=e")
+    evaluated = json.loads((workdir / "e/result.json").read_text())["eval"]["return_mean"]
+    trained = json.loads((workdir / "on/result.json").read_text())["eval"]["return_mean"]
+    assert evaluated == pytest.approx(trained, abs=1e-6), ev.stderr
+    _run("rl", "sim=gymnasium", "sim.env_id=CartPole-v1", "num_envs=2", "algo.rollout_steps=16", "total_steps=64",
+         "tracking.enabled=false", "progress=false", "eval.episodes=1", "run_dir=cp")
+    assert not (workdir / "cp/checkpoints/final" / FILE).exists()
+
+
+def load_stats(directory: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(Path(directory) / FILE))

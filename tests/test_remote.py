@@ -187,6 +187,15 @@ def test_auto_mode_does_not_probe_a_remote_simulator() -> None:
 
 
 # -- the contract and the CLI through the wire -----------------------------------------------
+def test_the_served_simulators_normalization_default_travels() -> None:
+    """env.normalize_*=auto decides on the client from the served simulator's recommendation."""
+    from rlinf_sim_gymnasium.sim import GymnasiumSimulator
+
+    for sim, want in ((GymnasiumSimulator({"env_id": "Pendulum-v1"}), True), (_cartpole(), False), (CounterSim(), False)):
+        with serving(sim) as address:
+            assert RemoteSimulator({"address": address}).normalize_default is want
+
+
 def test_check_sim_through_the_wire(cli) -> None:
     with serving(_cartpole()) as address:
         res = cli("check-sim", "sim=remote", f"sim.address={address}")

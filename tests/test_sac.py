@@ -4,6 +4,7 @@ buffer is in the checkpoint), RL from demonstrations, and bad input."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -91,6 +92,42 @@ def test_sac_resumes_exactly_with_its_replay_buffer(workdir):
     ckpt = workdir / "a/checkpoints/iter_000020"
     _run("rl", f"resume={ckpt}", "run_dir=b")
     assert _metrics(workdir / "b") == full[20:]  # buffer, RNGs, targets and temperature all came back
+
+
+def test_sac_killed_and_resumed_equals_the_uninterrupted_run(workdir):
+    """SIGKILL mid-run, resume from the newest checkpoint: the metrics of the whole run, and the
+    final weights, are those of a run never interrupted, and of one that never checkpointed (the
+    buffer, its ring position, the warm-up's random actions, the running normalization statistics
+    and the envs' running episodes all come back)."""
+    from safetensors.torch import load_file
+
+    from tests.test_resume_exact import _kill_after, _latest_checkpoint
+
+    args = [*PENDULUM, "num_envs=2", "algo.rollout_steps=4", "algo.warmup_steps=48", "algo.minibatch_size=32",
+            "algo.buffer_size=600", "model.hidden_sizes=[16,16]", "total_steps=800", "eval.episodes=1", "seed=7",
+            "env.normalize_obs=true", "env.normalize_reward=true"]
+    _run("rl", *args, "checkpoint.interval=1000000", "run_dir=never")
+    never = _metrics(workdir / "never")
+    assert len(never) == 100 + 1 and never[-2]["rollout/replay_size"] == 600  # the ring wrapped around
+    _kill_after([*args, "checkpoint.interval=5", "checkpoint.keep=3", "run_dir=killed"], dict(os.environ),
+                workdir / "killed/checkpoints/iter_000020")
+    last = _latest_checkpoint(workdir / "killed")
+    assert 20 <= int(last.name.split("_")[1]) < 100
+    res = _run("rl", f"resume={last}")
+    assert "continuing the checkpoint's running statistics" in res.stderr
+    assert _metrics(workdir / "killed") == never
+    a = load_file(str(workdir / "never/checkpoints/final/model.safetensors"))
+    b = load_file(str(workdir / "killed/checkpoints/final/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sac_leaves_auto_normalization_off(workdir):
+    """Pendulum is state-based continuous control (auto turns normalization on for PPO), but SAC
+    opts out of the default; it still normalizes when asked (the tests above)."""
+    res = _run("rl", *PENDULUM, "num_envs=1", "algo.rollout_steps=8", "algo.warmup_steps=8", "algo.minibatch_size=8",
+               "algo.buffer_size=100", "model.hidden_sizes=[8,8]", "total_steps=16", "eval.episodes=0", "run_dir=s")
+    assert "=auto -> off: algorithm 'sac' does not take it by default" in res.stderr
+    assert not (workdir / "s/checkpoints/final/normalizer.safetensors").exists()
 
 
 def test_sac_refuses_bad_input_with_one_line(cli):

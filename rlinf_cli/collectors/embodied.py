@@ -290,30 +290,31 @@ class EmbodiedCollector:
         act = policy_actor(policy, self.spec, self.ctx.device, deterministic)
         return act if self.normalizer is None else self.normalizer.actor(act)
 
-    def _start_normalizer(self, num_envs: int, resumed: bool) -> list[str]:
-        """The statistics this run updates: continued from the checkpoint it starts from, or new."""
-        from rlinf_cli.runtime.normalize import NormalizeConfig, Normalizer
+    def _start_normalizer(self, num_envs: int, resumed: bool, overlap: bool = False, algo: Any = None) -> list[str]:
+        """The statistics this run updates: continued from the checkpoint it starts from, or new.
+        ``env.normalize_* = auto`` is decided here (runtime/normalize.py: resolve)."""
+        from rlinf_cli.runtime.normalize import Normalizer, resolve
 
-        want = NormalizeConfig.from_env(self.cfg.get("env"))
         loaded = self.normalizer
+        want, why = resolve(self.cfg.get("env"), self.sim, loaded, bool(self.cfg.get("init")) or resumed, overlap, algo)
+        notes = [why] if why else []
         if loaded is not None:
             have = loaded.config
             if not want.enabled:
                 loaded.scale = False  # rewards stay as they are
-                return ["normalization: env.normalize_obs/normalize_reward are off; the checkpoint's statistics "
-                        "are used frozen (its policy was trained on normalized observations)"]
+                return notes + ["normalization: env.normalize_obs/normalize_reward are off; the checkpoint's "
+                                "statistics are used frozen (its policy was trained on normalized observations)"]
             if (have.obs, have.reward) != (want.obs, want.reward):
                 raise UserError(f"the checkpoint was trained with env.normalize_obs={str(have.obs).lower()} "
                                 f"env.normalize_reward={str(have.reward).lower()}; continue it with the same settings")
             self.normalizer = loaded.continue_training(want, num_envs)
-            return ["normalization: continuing the checkpoint's running statistics"]
+            return notes + ["normalization: continuing the checkpoint's running statistics"]
         if not want.enabled:
-            return []
+            return notes
         if self.cfg.get("init") and not resumed and want.obs:
             raise UserError(f"init={self.cfg.init} has no observation statistics (it was not trained with "
                             f"env.normalize_obs=true): its policy expects raw observations; set env.normalize_obs=false")
         self.normalizer = Normalizer(self.spec, want, num_envs)
-        notes = []
         if want.obs:
             notes.append(f"normalization: observations {self.normalizer.keys or '(none: no float entries)'}")
         if want.reward:
@@ -348,7 +349,7 @@ class EmbodiedCollector:
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
         overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
-        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0)
+        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0, overlap, algo)
         if self.normalizer is not None:
             if overlap:
                 raise UserError("runtime.overlap_update=true collects in another process, which cannot share the running "

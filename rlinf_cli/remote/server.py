@@ -315,6 +315,7 @@ class EnvServer:
 
         return wire.pack({"protocol": wire.PROTOCOL, "rlinf": __version__, "simulator": self.label,
                           "spec": self.spec.to_dict(), "cores": _cores(), "expert": self._expert,
+                          "normalize_default": getattr(self.simulator, "normalize_default", None) is True,
                           "max_message_bytes": self.cfg.max_message_bytes, "max_envs": self.cfg.max_envs,
                           "batched": self.batched})
 

@@ -12,6 +12,14 @@ torchrun each rank updates its own copy while it collects and :meth:`Normalizer.
 every rank's new data in a fixed rank order at the end of each rollout, so all ranks hold the
 same statistics afterwards. They are saved with every `rl` checkpoint (``normalizer.safetensors``)
 and used, frozen, wherever a checkpoint acts (`eval`, `collect`, `rl` evaluations, `rl init=`).
+
+Both switches default to ``auto`` (:func:`resolve`): on where the simulator recommends it (its
+optional ``normalize_default`` attribute; the gymnasium plugin sets it for state-based continuous
+control, where it is what makes MuJoCo locomotion learn like Stable-Baselines3's ``VecNormalize``
+runs), off otherwise, and always what a checkpoint the run starts from was trained with: off for a
+cloned policy (``init=`` an `sft` checkpoint expects raw observations) or a resumed run without
+statistics, off with ``runtime.overlap_update`` (which cannot share them) and off for an
+algorithm that opts out (``Algorithm.normalize_auto = False``: SAC).
 """
 
 from __future__ import annotations
@@ -40,9 +48,12 @@ class NormalizeConfig:
     eps: float = 1e-8  # env.normalize_eps
 
     @classmethod
-    def from_env(cls, env: Any) -> "NormalizeConfig":
+    def from_env(cls, env: Any, auto: tuple[bool, bool] = (False, False)) -> "NormalizeConfig":
+        """The ``env.*`` settings; ``auto`` is what ``env.normalize_obs`` / ``normalize_reward``
+        = ``auto`` stand for (see :func:`resolve`)."""
         get = (lambda k, d: env.get(k, d)) if env is not None else (lambda k, d: d)
-        cfg = cls(bool(get("normalize_obs", False)), bool(get("normalize_reward", False)),
+        obs, reward = switches(env)
+        cfg = cls(auto[0] if obs is None else obs, auto[1] if reward is None else reward,
                   float(get("clip_obs", 10.0)), float(get("clip_reward", 10.0)),
                   float(get("normalize_gamma", 0.99)), float(get("normalize_eps", 1e-8)))
         if cfg.clip_obs <= 0 or cfg.clip_reward <= 0:
@@ -54,6 +65,62 @@ class NormalizeConfig:
     @property
     def enabled(self) -> bool:
         return self.obs or self.reward
+
+
+AUTO = "auto"
+
+
+def _switch(value: Any, key: str) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if value is None or value == AUTO:
+        return None
+    raise UserError(f"{key} must be true, false or auto, got {value!r}")
+
+
+def switches(env: Any) -> tuple[bool | None, bool | None]:
+    """``(env.normalize_obs, env.normalize_reward)`` as set: True, False, or None for ``auto``."""
+    get = (lambda k: env.get(k, AUTO)) if env is not None else (lambda k: AUTO)
+    return _switch(get("normalize_obs"), "env.normalize_obs"), _switch(get("normalize_reward"), "env.normalize_reward")
+
+
+def recommended(simulator: Any) -> bool:
+    """Whether the simulator recommends running normalization (its optional ``normalize_default``
+    attribute: state-based continuous control, where it helps); False when it says nothing."""
+    return getattr(simulator, "normalize_default", None) is True
+
+
+def resolve(env: Any, simulator: Any, checkpoint: "Normalizer | None", from_checkpoint: bool,
+            overlap: bool = False, algorithm: Any = None) -> tuple[NormalizeConfig, str | None]:
+    """The normalization an `rl` run uses, with ``auto`` switches decided, and why (a note, or
+    None when nothing was left to ``auto``).
+
+    ``auto`` follows, in order: the statistics of the checkpoint the run starts from (``init=``
+    or a resume: its policy was trained on what they say), off for a checkpoint without
+    statistics (a cloned or unnormalized policy expects raw observations), off with
+    ``runtime.overlap_update`` (the collecting process cannot share running statistics), off for
+    an algorithm whose ``normalize_auto`` is False (SAC), and otherwise the simulator's
+    recommendation (:func:`recommended`).
+    """
+    obs, reward = switches(env)
+    if obs is not None and reward is not None:
+        return NormalizeConfig.from_env(env), None
+    if checkpoint is not None:
+        auto, why = (checkpoint.config.obs, checkpoint.config.reward), "as the checkpoint was trained"
+    elif from_checkpoint:
+        auto, why = (False, False), "off: the checkpoint has no statistics (its policy expects raw observations)"
+    elif overlap:
+        auto, why = (False, False), "off: runtime.overlap_update cannot share running statistics"
+    elif algorithm is not None and getattr(algorithm, "normalize_auto", True) is False:
+        name = getattr(algorithm, "name", "") or type(algorithm).__name__
+        auto, why = (False, False), f"off: algorithm '{name}' does not take it by default"
+    elif recommended(simulator):
+        auto, why = (True, True), "on: the simulator recommends it (state-based continuous control)"
+    else:
+        auto, why = (False, False), "off: the simulator does not recommend it"
+    cfg = NormalizeConfig.from_env(env, auto)
+    which = " and ".join(k for k, v in (("env.normalize_obs", obs), ("env.normalize_reward", reward)) if v is None)
+    return cfg, f"normalization: {which}=auto -> {why}; set true or false to choose"
 
 
 class RunningMeanStd:

@@ -68,6 +68,9 @@ class SAC(Algorithm):
     rollout = "transitions"
     uses_critic = False
     uses_q = True
+    # env.normalize_*=auto stays off: SAC is commonly run unnormalized (SB3's zoo, CleanRL), and on
+    # Pendulum it gained nothing (docs/algorithms.md); env.normalize_obs=true still turns it on
+    normalize_auto = False
 
     def __init__(self, config: SACConfig):
         super().__init__(config)

@@ -83,6 +83,12 @@ class GymnasiumSimulator:
             self.spec = self._spec(env)
         finally:
             env.close()
+        # env.normalize_*=auto: on for state-based continuous control (MuJoCo locomotion,
+        # Pendulum, MountainCarContinuous), where unnormalized observations and rewards of very
+        # different scales are what keep PPO below Stable-Baselines3 with VecNormalize; never for
+        # discrete actions or camera images
+        self.normalize_default = (not self.spec.discrete and self.cfg.obs == "state"
+                                  and all(s.dtype.startswith("float") for s in self.spec.observation.values()))
 
     def _make(self) -> Any:
         import gymnasium as gym

@@ -65,6 +65,8 @@ class RemoteSimulator:
                 raise UserError(f"env servers serve different simulators: {self.endpoints[0].address} "
                                 f"({self.servers[0].get('simulator')}) and {ep.address}: give addresses of one simulator")
         self.spec = specs[0]
+        # the served simulator's recommendation for env.normalize_*=auto (older servers: none)
+        self.normalize_default = self.servers[0].get("normalize_default") is True
 
     # -- Simulator ---------------------------------------------------------------------------
     def make_env(self, index: int) -> Any:
