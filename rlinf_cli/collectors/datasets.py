@@ -54,9 +54,6 @@ def with_noise(act: Any, spec: Any, noise: float, epsilon: float, rng: np.random
     """Diverse demonstrations: Gaussian noise on continuous actions, random actions with prob. epsilon."""
     if noise <= 0 and epsilon <= 0:
         return act
-    from rlinf_cli.collectors.embodied import random_actor
-
-    rand = random_actor(spec, rng)
 
     def noisy(obs: Obs) -> tuple[Any, np.ndarray]:
         out, a = act(obs)
@@ -67,8 +64,8 @@ def with_noise(act: Any, spec: Any, noise: float, epsilon: float, rng: np.random
                 a = np.clip(a, spec.action.low, spec.action.high)
         if epsilon > 0:
             swap = rng.random(a.shape[0]) < epsilon
-            if swap.any():
-                a[swap] = rand(obs)[1][swap]
+            if swap.any():  # draw only then, so noisy collects stay reproducible across versions
+                a[swap] = spec.random_actions(rng, a.shape[0])[swap]
         return out, a
 
     return noisy

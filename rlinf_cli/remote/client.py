@@ -28,7 +28,7 @@ from rlinf_cli.api import Obs
 from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder
-from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied
+from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, start_all
 
 _END = object()
 
@@ -275,17 +275,8 @@ class RemoteWorker:
 def open_workers(endpoints: Sequence[Endpoint], shard_lists: Sequence[Sequence[tuple[int, int]]], autoreset: bool,
                  codec: CodecConfig, timeout_s: float, reconnect_s: float) -> list[RemoteWorker]:
     """One session per shard list, spread round-robin over the servers; opened in parallel."""
-    workers: list[RemoteWorker] = []
-    try:
-        for w, shards in enumerate(shard_lists):
-            workers.append(RemoteWorker(endpoints[w % len(endpoints)], w, shards, autoreset, codec, timeout_s, reconnect_s))
-        for w in workers:
-            w.wait_ready()
-    except BaseException:
-        for w in workers:
-            w.kill()
-        raise
-    return workers
+    return start_all(lambda w: RemoteWorker(endpoints[w % len(endpoints)], w, shard_lists[w], autoreset, codec,
+                                            timeout_s, reconnect_s), len(shard_lists))
 
 
 class RemoteEnv:

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rlinf_cli.runtime.codec import CodecConfig, Packed
-from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied
+from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, start_all
 
 # One thread per worker for every pool a simulator may bring: BLAS/OpenMP, and Mesa's llvmpipe
 # rasteriser (LP_NUM_THREADS), whose per-frame thread hand-offs stall when workers already
@@ -245,13 +245,5 @@ def start_workers(simulator: Any, shard_lists: list[list[tuple[int, int]]], auto
         # modules the server imports once, so each forked worker starts without re-importing them
         ctx.set_forkserver_preload(["rlinf_cli.runtime.workers", __name__, type(simulator).__module__])
     sim_bytes = pickle.dumps(simulator)
-    workers = [ProcessWorker(i, ctx, sim_bytes, shards, autoreset, codec, shm_name, num_envs, timeout_s)
-               for i, shards in enumerate(shard_lists)]
-    try:
-        for w in workers:
-            w.wait_ready()
-    except BaseException:
-        for w in workers:
-            w.kill()
-        raise
-    return workers
+    return start_all(lambda i: ProcessWorker(i, ctx, sim_bytes, shard_lists[i], autoreset, codec, shm_name, num_envs,
+                                             timeout_s), len(shard_lists))

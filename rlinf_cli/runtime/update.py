@@ -20,6 +20,40 @@ from rlinf_cli.algorithm import Algorithm
 from rlinf_cli.experience import Experience
 
 
+class _Sums:
+    """Diagnostics of many gradient steps, summed as one stacked tensor (read back once)."""
+
+    def __init__(self, names: list[str] | None = None):
+        self.names, self.total, self.count = names, None, 0
+
+    def add(self, stats: dict[str, torch.Tensor]) -> None:
+        if self.names is None:
+            self.names = list(stats)
+        row = torch.stack([stats[k].detach().reshape(()).float().cpu() if k in stats
+                           else torch.tensor(float("nan")) for k in self.names])
+        self.total = row if self.total is None else self.total.add_(row)
+        self.count += 1
+
+    def merge(self, other: "_Sums") -> None:
+        self.names = other.names
+        self.total = other.total.clone() if self.total is None else self.total.add_(other.total)
+        self.count += other.count
+
+    def means(self) -> dict[str, float]:
+        if self.total is None:
+            return {}
+        return {f"train/{k}": v for k, v in zip(self.names or [], (self.total / max(self.count, 1)).tolist())
+                if not k.endswith("_raw")}
+
+
+def _step(engine: Any, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+    """Backward and optimizer step; the pre-clip gradient norm joins ``stats`` when known."""
+    engine.backward(loss)
+    norm = engine.step()
+    if norm is not None:
+        stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
+
+
 def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, generator: torch.Generator,
            critic_only: bool = False) -> dict[str, float]:
     """One training phase on ``exp``; returns mean diagnostics (``train/...``).
@@ -36,48 +70,32 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
     adv, ret = algo.advantages(exp)
     critic = {id(p) for p in policy.critic_parameters()} if critic_only else set()
     frozen = [p for p in engine.params if id(p) not in critic] if critic_only else []
-    names: list[str] | None = None
-    total: torch.Tensor | None = None
-    count = samples = epochs_run = 0
+    run = _Sums()
+    samples = epochs_run = 0
     policy.train()
     with engine.freeze(frozen):
         for batches in collector.epochs(exp, adv, ret, algo, generator):
-            epoch_sum: torch.Tensor | None = None
-            epoch_count = 0
+            epoch = _Sums(run.names)
             for mb in batches:
                 out = policy.evaluate(mb.obs, mb.actions)
                 loss, stats = algo.loss(out, mb)
-                if critic_only:
-                    loss = stats["value_loss_raw"]
-                engine.backward(loss)
-                norm = engine.step()
-                if norm is not None:
-                    stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
-                if names is None:
-                    names = list(stats)
-                row = torch.stack([stats[k].detach().reshape(()).float().cpu() if k in stats
-                                   else torch.tensor(float("nan")) for k in names])
-                epoch_sum = row if epoch_sum is None else epoch_sum.add_(row)
-                epoch_count += 1
+                _step(engine, stats["value_loss_raw"] if critic_only else loss, stats)
+                epoch.add(stats)
                 if epochs_run == 0:
                     samples += int(mb.advantages.shape[0])
             epochs_run += 1
-            if epoch_sum is None:
+            if not epoch.count:
                 break
-            total = epoch_sum.clone() if total is None else total.add_(epoch_sum)
-            count += epoch_count
-            epoch_mean = epoch_sum / epoch_count
+            run.merge(epoch)
+            epoch_mean = epoch.total / epoch.count
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.all_reduce(epoch_mean)  # the same early-stop decision on every rank
                 epoch_mean /= torch.distributed.get_world_size()
-            if algo.stop_early(dict(zip(names or [], epoch_mean.tolist()))):
+            if algo.stop_early(dict(zip(epoch.names or [], epoch_mean.tolist()))):
                 break
     policy.eval()
-    means = (total / max(count, 1)).tolist() if total is not None else []
-    metrics = {f"train/{k}": v for k, v in zip(names or [], means) if not k.endswith("_raw")}
-    metrics.update({"train/epochs": float(epochs_run), "train/samples": float(samples),
-                    "train/gradient_steps": float(count)})
-    return metrics
+    return {**run.means(), "train/epochs": float(epochs_run), "train/samples": float(samples),
+            "train/gradient_steps": float(run.count)}
 
 
 def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector: Any,
@@ -88,23 +106,12 @@ def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector:
     policy = engine.module
     collected = collector.collected()
     steps = algo.gradient_steps(collected - exp.env_steps, collected)
-    names: list[str] | None = None
-    total: torch.Tensor | None = None
+    run = _Sums()
     policy.train()
     for _ in range(steps):
-        batch = collector.sample(algo, generator)
-        loss, stats = algo.transition_loss(policy, batch)
-        engine.backward(loss)
-        norm = engine.step()
+        loss, stats = algo.transition_loss(policy, collector.sample(algo, generator))
+        _step(engine, loss, stats)
         algo.after_step(policy)
-        if norm is not None:
-            stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
-        if names is None:
-            names = list(stats)
-        row = torch.stack([stats[k].detach().reshape(()).float().cpu() for k in names])
-        total = row if total is None else total.add_(row)
+        run.add(stats)
     policy.eval()
-    means = (total / max(steps, 1)).tolist() if total is not None else []
-    metrics = {f"train/{k}": v for k, v in zip(names or [], means)}
-    metrics["train/gradient_steps"] = float(steps)
-    return metrics
+    return {**run.means(), "train/gradient_steps": float(steps)}

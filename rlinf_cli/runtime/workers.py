@@ -123,6 +123,22 @@ def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, exec
     return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
 
 
+def start_all(make: Any, n: int) -> list[Any]:
+    """``n`` worker handles ``make(0) .. make(n-1)``, started together, then each waited for:
+    all of them ready, or none left running."""
+    workers: list[Any] = []
+    try:
+        for i in range(n):
+            workers.append(make(i))
+        for w in workers:
+            w.wait_ready()
+    except BaseException:
+        for w in workers:
+            w.kill()
+        raise
+    return workers
+
+
 def last_line(text: Any, default: str) -> str:
     """The last line of a remote traceback or error text: the exception itself."""
     t = str(text).strip()

@@ -49,7 +49,6 @@ def run(cfg: Any) -> dict[str, Any]:
                       "seconds": round(time.time() - ctx.started, 2), "summary": summary, "mlflow_run_id": tracker.run_id}
             table = collector.table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
             common.write_result(ctx, tracker, result, table)
-            ctx.console.print(table)
             ctx.note(f"dataset: {writer.path} ({writer.episodes_written} episodes in total)")
     finally:
         writer.close()

@@ -191,11 +191,14 @@ def table_text(table: Any) -> str:
 
 
 def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: Any = None,
-                 curve: tuple[str, list[str], str] | None = None) -> Path:
+                 curve: tuple[str, list[str], str] | None = None, ev: Any = None, show: bool = True) -> Path:
     """``result.json`` (+ the rendered table as ``eval_table.txt``, + ``learning_curve.png`` of
-    ``curve = (x_key, y_keys, title)``) in the run dir and in MLflow."""
+    ``curve = (x_key, y_keys, title)``) in the run dir and in MLflow; then, with ``show``, the
+    table and the evaluation ``ev``'s examples (text tasks) on the console."""
     import json
 
+    if ev is not None and "examples" in ev.extra:
+        result.setdefault("examples", ev.extra["examples"])
     out = ctx.run_dir / "result.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     tracker.log_artifact(ctx.run_dir / "rlinf.yaml")
@@ -210,6 +213,10 @@ def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: A
         png = plot_curve(tracker.history, curve[0], curve[1], ctx.run_dir / "learning_curve.png", curve[2])
         if png is not None:
             tracker.log_artifact(png)
+    if show and table is not None:
+        ctx.console.print(table)
+        if ev is not None and ev.examples is not None:
+            ctx.console.print(ev.examples)
     return out
 
 

@@ -48,13 +48,10 @@ def run(cfg: Any) -> dict[str, Any]:
         if (cfg.get("register") or {}).get("name"):  # opt-in: the MLflow model registry
             result["registry"] = model_registry.register(tracker, source, ev.extra.get("task_mean") or ev.summary, cfg,
                                                          common.table_text(table))
-        common.write_result(ctx, tracker, result, table)
+        common.write_result(ctx, tracker, result, table, ev=ev)
         if cfg.output:
             Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
             Path(cfg.output).write_text(json.dumps(result, indent=2))
-        ctx.console.print(table)
-        if ev.examples is not None:
-            ctx.console.print(ev.examples)
         for f in ev.extra.get("videos", []):
             ctx.note(f"video: {f}")
         if "registry" in result:

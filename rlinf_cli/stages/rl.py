@@ -197,8 +197,7 @@ def finish(run: Run) -> dict[str, Any]:
     result = {"stage": "rl", "modality": run.collector.modality, "run_dir": str(ctx.run_dir),
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
               "backend": run.engine.backend, "world_size": run.world, "seconds": round(time.time() - ctx.started, 2),
-              "eval": summary, **({"examples": ev.extra["examples"]} if ev is not None and "examples" in ev.extra else {}),
-              "mlflow_run_id": run.tracker.run_id}
+              "eval": summary, "mlflow_run_id": run.tracker.run_id}
     if (ctx.run_dir / "videos").is_dir():
         result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
     x = "env_steps" if run.collector.unit == "steps" else "iteration"
@@ -206,12 +205,9 @@ def finish(run: Run) -> dict[str, Any]:
                                 f"rlinf rl: {run.collector.label}") if summary else None  # eval.episodes=0: no table
     common.write_result(ctx, run.tracker, result, table,
                         (x, ["rollout/return_mean", "rollout/success_once", "rollout/reward_mean", "eval/return_mean",
-                             "eval/accuracy"], f"rlinf rl {cfg.algo.name} on {run.collector.label}"))
+                             "eval/accuracy"], f"rlinf rl {cfg.algo.name} on {run.collector.label}"),
+                        ev, show=run.rank == 0)
     if run.rank == 0:
-        if table is not None:
-            ctx.console.print(table)
-            if ev.examples is not None:
-                ctx.console.print(ev.examples)
         ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
     return result
 

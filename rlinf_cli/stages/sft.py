@@ -110,13 +110,8 @@ def run(cfg: Any) -> dict[str, Any]:
         result = {"stage": "sft", "modality": collector.modality, "run_dir": str(ctx.run_dir),
                   "checkpoint": str(best_dir), "best_epoch": best[1], "best_loss": best[0], **data.describe(),
                   "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary if ev else {},
-                  **({"examples": ev.extra["examples"]} if ev is not None and "examples" in ev.extra else {}),
                   "mlflow_run_id": tracker.run_id}
         table = collector.table(ev.rows, "rlinf sft") if ev is not None and ev.summary else None
-        common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"))
-        if table is not None:
-            ctx.console.print(table)
-            if ev.examples is not None:
-                ctx.console.print(ev.examples)
+        common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"), ev)
         ctx.note(f"run: {ctx.run_dir}  best checkpoint: {best_dir} (epoch {best[1]}, loss {best[0]:.4f})")
     return result
