@@ -39,6 +39,10 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
     names: list[str] | None = None
     total: torch.Tensor | None = None
     count = samples = epochs_run = 0
+    run_lr = engine.lr
+    warm_lr = algo.critic_only_lr() if critic_only else None
+    if warm_lr is not None:  # the schedule sets the lr again at the next iteration; restored below too
+        engine.set_lr(warm_lr)
     policy.train()
     with engine.freeze(frozen):
         for batches in collector.epochs(exp, adv, ret, algo, generator):
@@ -73,6 +77,8 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
             if algo.stop_early(dict(zip(names or [], epoch_mean.tolist()))):
                 break
     policy.eval()
+    if warm_lr is not None:
+        engine.set_lr(run_lr)
     means = (total / max(count, 1)).tolist() if total is not None else []
     metrics = {f"train/{k}": v for k, v in zip(names or [], means) if not k.endswith("_raw")}
     metrics.update({"train/epochs": float(epochs_run), "train/samples": float(samples),
@@ -104,6 +110,8 @@ def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector:
         row = torch.stack([stats[k].detach().reshape(()).float().cpu() for k in names])
         total = row if total is None else total.add_(row)
     policy.eval()
+    if warm_lr is not None:
+        engine.set_lr(run_lr)
     means = (total / max(steps, 1)).tolist() if total is not None else []
     metrics = {f"train/{k}": v for k, v in zip(names or [], means)}
     metrics["train/gradient_steps"] = float(steps)
