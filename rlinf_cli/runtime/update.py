@@ -72,6 +72,10 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
     frozen = [p for p in engine.params if id(p) not in critic] if critic_only else []
     run = _Sums()
     samples = epochs_run = 0
+    run_lr = engine.lr
+    warm_lr = algo.critic_only_lr() if critic_only else None
+    if warm_lr is not None:  # the schedule sets the lr again at the next iteration; restored below too
+        engine.set_lr(warm_lr)
     policy.train()
     with engine.freeze(frozen):
         for batches in collector.epochs(exp, adv, ret, algo, generator):
@@ -94,6 +98,8 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
             if algo.stop_early(dict(zip(epoch.names or [], epoch_mean.tolist()))):
                 break
     policy.eval()
+    if warm_lr is not None:
+        engine.set_lr(run_lr)
     return {**run.means(), "train/epochs": float(epochs_run), "train/samples": float(samples),
             "train/gradient_steps": float(run.count)}
 

@@ -32,6 +32,7 @@ class PPOConfig(TrainConfig):
     norm_adv: bool = True  # normalise advantages per minibatch
     target_kl: float | None = None  # stop the epoch loop once mean approx KL exceeds this
     critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
+    critic_warmup_lr: float | None = None  # learning rate of those critic-only iterations; null = lr
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -43,6 +44,8 @@ class PPOConfig(TrainConfig):
             raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip}")
         if self.rollout_steps < 1:
             raise ValueError("rollout_steps must be >= 1")
+        if self.critic_warmup_lr is not None and self.critic_warmup_lr <= 0:
+            raise ValueError(f"critic_warmup_lr must be > 0 (or null = lr), got {self.critic_warmup_lr}")
 
 
 def gae(rollout: Experience, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +87,9 @@ class PPO(Algorithm):
         """RL from a cloned policy: the first iterations train an untrained critic alone, so its
         advantages cannot walk the cloned actor away."""
         return from_checkpoint and iteration < self.config.critic_warmup_iters
+
+    def critic_only_lr(self) -> float | None:
+        return self.config.critic_warmup_lr
 
     def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config
