@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from envserver import env_server
 
 REPO = Path(__file__).resolve().parents[1]
 IL_VENV = REPO / ".venv-isaaclab"
@@ -27,36 +27,12 @@ pytestmark = [pytest.mark.isaaclab,
               pytest.mark.skipif(not IL_RLINF.exists(), reason="needs .venv-isaaclab: run `make isaaclab`")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def isaaclab_server(task: str, *overrides: str):
     """`rlinf env serve sim=isaaclab ...` from .venv-isaaclab; yields its address."""
-    port = _free_port()
-    proc = subprocess.Popen([str(IL_RLINF), "env", "serve", "sim=isaaclab", f"sim.task={task}",
-                             f"sim.asset_root={ASSETS}", f"port={port}", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None:
-                raise AssertionError(f"the Isaac Lab server exited: {proc.stdout.read()[-3000:]}")
-            assert time.monotonic() < deadline, "the Isaac Lab server did not start in 300 s"
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with env_server([IL_RLINF], "sim=isaaclab", f"sim.task={task}", f"sim.asset_root={ASSETS}", *overrides,
+                    timeout=300) as (_, address):
+        yield address
 
 
 def test_fake_matches_the_real_env() -> None:

@@ -128,36 +128,18 @@ def test_eval_through_the_cli_with_worker_processes(cli):
 def test_reference_stack_served_to_the_trainer(cli):
     """LIBERO's reference stack (MuJoCo 2.3.7, numpy 1.26) in .venv-libero (`make libero-reference`),
     served to .venv: the contract through the wire, and the instructions in an evaluation table."""
-    import os
-    import socket
-    import subprocess
-    import time
     from pathlib import Path
+
+    from envserver import env_server
 
     rlinf = Path(__file__).resolve().parents[1] / ".venv-libero" / "bin" / "rlinf"
     if not rlinf.exists():
         pytest.skip("needs .venv-libero: run `make libero-reference`")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(rlinf), "env", "serve", "sim=libero", "sim.suite=object", "sim.max_episode_steps=5",
-                             f"port={port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the LIBERO server did not start in 180 s"
-            time.sleep(0.5)
-        res = cli("check-sim", "sim=remote", f"sim.address=127.0.0.1:{port}")
+    with env_server([rlinf], "sim=libero", "sim.suite=object", "sim.max_episode_steps=5", timeout=180,
+                    env={"COLUMNS": "200"}) as (_, address):
+        res = cli("check-sim", "sim=remote", f"sim.address={address}")
         assert res.code == 0 and "FAIL" not in res.out, res.out[-3000:] + res.err
-        res = cli("eval", "sim=remote", f"sim.address=127.0.0.1:{port}", "checkpoint=random", "episodes=2",
+        res = cli("eval", "sim=remote", f"sim.address={address}", "checkpoint=random", "episodes=2",
                   "num_envs=2", "tracking.enabled=false", "progress=false")
         assert res.code == 0, res.err
         assert "pick up the alphabet soup and place it in the basket" in res.out
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from envserver import env_server
 
 REPO = Path(__file__).resolve().parents[1]
 MS_RLINF = REPO / ".venv-maniskill" / "bin" / "rlinf"
@@ -25,35 +24,11 @@ pytestmark = [pytest.mark.maniskill,
               pytest.mark.skipif(not MS_RLINF.exists(), reason="needs .venv-maniskill: run `make maniskill`")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def maniskill_server(*overrides: str):
     """`rlinf env serve sim=maniskill ...` from .venv-maniskill; yields its address."""
-    port = _free_port()
-    proc = subprocess.Popen([str(MS_RLINF), "env", "serve", "sim=maniskill", f"port={port}", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None:
-                raise AssertionError(f"the ManiSkill server exited: {proc.stdout.read()}")
-            assert time.monotonic() < deadline, "the ManiSkill server did not start in 180 s"
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with env_server([MS_RLINF], "sim=maniskill", *overrides, timeout=180) as (_, address):
+        yield address
 
 
 def test_tasks_pass_the_contract_in_their_own_environment() -> None:

@@ -7,16 +7,14 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from envserver import env_server, free_port
 from fake_sims import CounterSim
 from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
@@ -41,43 +39,12 @@ def serving(sim, **cfg):
         server.stop(grace=0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server_process(port: int, *args: str, env: dict | None = None):
-    """`rlinf env serve` as a subprocess (for kill -9 / SIGSTOP); waits until it says it serves.
-
-    Waiting for its own "serving on" line, not for the port to accept connections: with tests
-    running in parallel, another test's server may hold a port that was free a moment ago, and
-    a test must never drive (or SIGSTOP) a server other than the one it started.
-    """
-    proc = subprocess.Popen([sys.executable, "-m", "rlinf_cli", "env", "serve", "sim=gymnasium", "sim.env_id=CartPole-v1",
-                             f"port={port}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("rlinf env server:") and line.rstrip().endswith(f":{port}"):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.wait(0.2):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+    """`rlinf env serve` of CartPole as a subprocess on ``port`` (for kill -9 / SIGSTOP)."""
+    with env_server([sys.executable, "-m", "rlinf_cli"], "sim=gymnasium", "sim.env_id=CartPole-v1", *args,
+                    port=port, env=env) as (proc, _):
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 def _local(mode: str, **runtime) -> LocalExecutor:
