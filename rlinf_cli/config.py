@@ -150,40 +150,22 @@ def _checked(base: Any, ov: Any) -> str:
     new = ov.value()
     if old is None or new is None or OmegaConf.is_config(old) and not isinstance(new, (dict, list)):
         return text
-    expected = _type_name(old)
-    if isinstance(old, bool):
-        ok = isinstance(new, bool)
-    elif isinstance(old, int):
-        if isinstance(new, float) and new.is_integer():
-            return f"{key}={int(new)}"
-        ok = isinstance(new, int) and not isinstance(new, bool)
-    elif isinstance(old, float):
-        ok = isinstance(new, (int, float)) and not isinstance(new, bool)
-    elif OmegaConf.is_list(old):
-        ok = isinstance(new, list)
-    elif OmegaConf.is_dict(old):
-        ok = isinstance(new, dict)
-    else:
-        ok = True
-    if not ok:
-        raise UserError(f"bad value for '{key}': expected {expected}, got {new!r} (default is {old!r})")
+    if OmegaConf.is_config(old):
+        old = OmegaConf.to_container(old, resolve=False)
+    if isinstance(old, int) and not isinstance(old, bool) and isinstance(new, float) and new.is_integer():
+        return f"{key}={int(new)}"
+    for kind, expected, accepts in _TYPES:
+        if isinstance(old, kind):
+            if not isinstance(new, accepts) or isinstance(new, bool) and kind is not bool:
+                raise UserError(f"bad value for '{key}': expected {expected}, got {new!r} (default is {old!r})")
+            break
     return text
 
 
-def _type_name(value: Any) -> str:
-    from omegaconf import OmegaConf
-
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if OmegaConf.is_list(value):
-        return "a list like [a,b]"
-    if OmegaConf.is_dict(value):
-        return "a mapping like {a:1}"
-    return "a string"
+# the type of a default -> what the user is told to write, and the values that may replace it
+# (bool first: it is an int; a bool never replaces a number)
+_TYPES = ((bool, "true or false", bool), (int, "an integer", int), (float, "a number", (int, float)),
+          (list, "a list like [a,b]", list), (dict, "a mapping like {a:1}", dict))
 
 
 def _flat_keys(node: Any, prefix: str = "") -> list[str]:
@@ -244,20 +226,10 @@ def node_overrides(prefix: str, node: Any) -> list[str]:
         if key == "name" and prefix in GROUP_TO_KIND:
             continue
         full = f"{prefix}.{key}" if key else prefix
-        out.append(f"++{full}={json.dumps(value) if isinstance(value, str) else _literal(value)}")
+        # JSON writes null, true/false, quoted strings, lists and mappings as Hydra parses them;
+        # floats keep Python's spelling (inf, nan)
+        out.append(f"++{full}={repr(value) if isinstance(value, float) else json.dumps(value)}")
     return out
-
-
-def _literal(value: Any) -> str:
-    import json
-
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return repr(value)
 
 
 def _user_values(overrides: Iterable[str]) -> dict[str, str]:

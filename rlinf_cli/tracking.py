@@ -128,16 +128,12 @@ class Tracker:
         # The killed process sent points past the checkpoint. MLflow cannot delete points, so the
         # run is rebuilt from metrics.jsonl under a new id, with the old run's params and tags,
         # and the old one is deleted (recoverable with `mlflow gc`-less restore until purged).
-        from mlflow.entities import Param
-
         client, old = self.client, run
         tags = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.")}
         tags["rlinf.rebuilt_from_run"] = old.info.run_id
         new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=tags)
         self.run_id = new.info.run_id
-        params = [Param(k, v) for k, v in old.data.params.items()]
-        for i in range(0, len(params), 100):
-            client.log_batch(self.run_id, params=params[i:i + 100])
+        _log_params(client, self.run_id, old.data.params)
         now = int(time.time() * 1000)
         self._buffer.extend(Metric(k, v, now, step) for (k, v, step), n in want.items() for _ in range(n))
         self.flush()
@@ -148,8 +144,6 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.client is None:
             return
-        from mlflow.entities import Param
-
         values = {k: str(v)[:6000] for k, v in params.items()}
         if self.resumed:  # MLflow params are immutable: a resumed run records what changed as tags
             logged = self.client.get_run(self.run_id).data.params
@@ -157,9 +151,7 @@ class Tracker:
                 if k in logged and logged[k] != v:
                     self.client.set_tag(self.run_id, f"resume.{k}", v)
             values = {k: v for k, v in values.items() if k not in logged}
-        items = [Param(k, v) for k, v in values.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        _log_params(self.client, self.run_id, values)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
@@ -204,17 +196,20 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            status = "FINISHED"
-        elif issubclass(exc_type, KeyboardInterrupt):
-            status = "KILLED"
-        else:
-            status = "FAILED"
+        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
         try:
             self.close(status)
         except Exception:
             if exc_type is None:
                 raise
+
+
+def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(run_id, params=items[i:i + 100])
 
 
 def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, float]]:
