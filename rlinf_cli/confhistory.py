@@ -72,12 +72,12 @@ def snapshot() -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from rlinf_cli import DISTRIBUTION, __version__
-    from rlinf_cli.config import compose, group_options, stage_groups
+    from rlinf_cli.config import STAGES, compose, group_options, stage_groups
     from rlinf_cli.registry import GROUP_TO_KIND, get_registry
 
     stages: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
-    for stage in _stages():
+    for stage in STAGES:
         cfg = OmegaConf.to_container(compose(stage), resolve=False)
         choices = dict(cfg.pop("choices"))
         cfg.pop("stage", None)
@@ -262,12 +262,6 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix[:-1]] = node
     return out
-
-
-def _stages() -> tuple[str, ...]:
-    from rlinf_cli.config import STAGES
-
-    return STAGES
 
 
 def _version_key(version: str) -> tuple:

@@ -148,11 +148,21 @@ class RayExecutor:
                 # (seen in the test suite under load). A user's own value wins.
                 os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user instance
-            try:
-                ray.init(**kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = self.cfg.address or "a local instance"
-                raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
+            for attempt in range(3):
+                try:
+                    ray.init(**kwargs)
+                    break
+                except Exception as exc:  # Ray raises a bare Exception when its raylet is slow to start
+                    # A local raylet gets a fixed 30 s to register (not configurable in Ray 2.60); a
+                    # busy machine can need more, and a second start usually finds it warm.
+                    slow = "timed out during startup" in str(exc) and not self.cfg.address
+                    if slow and attempt < 2:
+                        ray.shutdown()
+                        continue
+                    if not isinstance(exc, (ConnectionError, RuntimeError, ValueError)) and not slow:
+                        raise
+                    where = self.cfg.address or "a local instance"
+                    raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
         return ray
 
     def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv:
