@@ -103,33 +103,29 @@ def accuracy(completions: Sequence[Completion]) -> float:
     return sum(bool(c.score and c.score.correct) for c in completions) / max(len(completions), 1)
 
 
-def _pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, p in enumerate(rows):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    return ids, mask
+def pad_rows(rows: Sequence[Sequence[float]], value: float = 0, dtype: torch.dtype = torch.long, left: bool = False,
+             width: int = 0) -> torch.Tensor:
+    """Rows of different lengths as one tensor, padded with ``value`` on the right (or the left) to the
+    longest row (at least ``width``)."""
+    width = max(width, *(len(r) for r in rows))
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        start = width - len(r) if left else 0
+        out[i, start:start + len(r)] = torch.tensor(r, dtype=dtype)
+    return out
 
 
 def to_experience(policy: Any, completions: Sequence[Completion], group_size: int, shape: tuple[int, int]) -> Experience:
     """Completions (groups contiguous) -> an Experience on the policy's device, laid out ``shape``."""
     dev, pad = policy.device, policy.pad_token_id
     samples = [completions[g * group_size].sample for g in range(len(completions) // group_size)]
-    prompt_ids, prompt_mask = _pad_left(policy.encode_prompts([s.prompt for s in samples]), pad)
-    B, L = len(completions), max(1, max(len(c.tokens) for c in completions))
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    loss_mask = torch.zeros((B, L))
-    old = torch.zeros((B, L))
-    for i, c in enumerate(completions):
-        n = len(c.tokens)
-        if n:
-            ids[i, :n] = torch.tensor(c.tokens, dtype=torch.long)
-            attn[i, :n] = 1
-            loss_mask[i, :n] = torch.tensor(c.loss_mask, dtype=torch.float32)
-            old[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+    prompts = policy.encode_prompts([s.prompt for s in samples])
+    prompt_ids, prompt_mask = pad_rows(prompts, pad, left=True), pad_rows([[1] * len(p) for p in prompts], left=True)
+    ids = pad_rows([c.tokens for c in completions], pad, width=1)
+    attn = pad_rows([[1] * len(c.tokens) for c in completions], width=1)
+    loss_mask = pad_rows([c.loss_mask for c in completions], dtype=torch.float32, width=1)
+    old = pad_rows([c.logprobs for c in completions], dtype=torch.float32, width=1)
+    B, L = ids.shape
     rewards = torch.tensor([c.score.reward if c.score else 0.0 for c in completions], dtype=torch.float32).to(dev)
     T, N = shape
     ones, zeros = torch.ones(T, N, device=dev), torch.zeros(T, N, device=dev)
