@@ -232,8 +232,7 @@ class TextWriter:
     def close(self) -> None:
         if self.rows:
             with self.path.open("a", encoding="utf-8") as f:
-                for r in self.rows:
-                    f.write(json.dumps(r) + "\n")
+                f.writelines(json.dumps(r) + "\n" for r in self.rows)
             self.meta["provenance"].append({**self.provenance, "rows": len(self.rows)})
             self.meta_path.write_text(json.dumps(self.meta, indent=2))
             self.added += len(self.rows)

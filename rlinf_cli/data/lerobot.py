@@ -76,10 +76,8 @@ def default_key(feature: str) -> str | None:
     """The rlinf observation key a LeRobot feature maps to by default (None: not an observation)."""
     if feature == "observation.state":
         return "state"
-    if feature.startswith("observation.images."):
-        return feature[len("observation.images."):]
     if feature.startswith("observation."):
-        return feature[len("observation."):]
+        return feature.removeprefix("observation.").removeprefix("images.")
     return None
 
 
@@ -190,8 +188,7 @@ class LeRobotWriter(WriterBase):
     def _next_file(self) -> tuple[int, int]:
         used = [int(m.group(1)) * CHUNKS_SIZE + int(m.group(2))
                 for p in (self.path / "data").glob("chunk-*/file-*.parquet") if (m := _FILE_RE.search(p.as_posix()))]
-        n = max(used, default=-1) + 1
-        return divmod(n, CHUNKS_SIZE)
+        return divmod(max(used, default=-1) + 1, CHUNKS_SIZE)
 
     def flush(self) -> None:
         if not self._buffer or self._failed:

@@ -117,17 +117,11 @@ class _Stream:
         self._channel = ep.channel()
         self._out: queue.Queue = queue.Queue()
         self._in: queue.Queue = queue.Queue()
-        self._call = self._channel.stream_stream(method)(self._requests(), metadata=ep.metadata())
+        # requests: what send() queued, until close() queues _END
+        self._call = self._channel.stream_stream(method)(iter(self._out.get, _END), metadata=ep.metadata())
         self._reader = threading.Thread(target=self._read, daemon=True, name="rlinf-env-client")
         self._reader.start()
         self.closed = False
-
-    def _requests(self) -> Any:
-        while True:
-            msg = self._out.get()
-            if msg is _END:
-                return
-            yield msg
 
     def _read(self) -> None:
         try:

@@ -19,6 +19,7 @@ session with a logged reason; it never reaches the simulator and never stops the
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import logging
@@ -182,10 +183,8 @@ class Session:
 
 
 def _kill_quietly(worker: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # already gone, or being closed by its session's thread
         worker.kill()
-    except Exception:  # already gone, or being closed by its session's thread
-        pass
 
 
 class EnvServer:
