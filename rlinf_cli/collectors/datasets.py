@@ -204,15 +204,14 @@ class TextDataset:
     def val_loss(self, policy: Any, algo: Algorithm) -> float | None:
         if not len(self.val_idx):
             return None
-        total, count = 0.0, 0
+        total = 0.0
         for s in range(0, len(self.val_idx), 256):
             idx = self.val_idx[s:s + 256]
             tokens = self.tokens
             total += float(algo.supervised_loss(policy, self._batch([self.rows[i] for i in idx],
                                                                     [self.masks[i] for i in idx]))) * len(idx)
             self.tokens = tokens  # validation tokens are not training throughput
-            count += len(idx)
-        return total / max(count, 1)
+        return total / len(self.val_idx)
 
     def metrics(self, seconds: float) -> dict[str, float]:
         return {"time/tokens_per_s": self.tokens / max(seconds, 1e-9)}
@@ -223,16 +222,15 @@ class TextDataset:
 
 def pack(rows: list[list[int]], masks: list[list[int]], max_length: int) -> tuple[list[list[int]], list[list[int]]]:
     """Greedy packing: consecutive examples share a row up to ``max_length`` tokens."""
-    out_rows, out_masks, cur, cur_m = [], [], [], []
+    out_rows: list[list[int]] = []
+    out_masks: list[list[int]] = []
     for r, m in zip(rows, masks):
-        if cur and len(cur) + len(r) > max_length:
-            out_rows.append(cur)
-            out_masks.append(cur_m)
-            cur, cur_m = [], []
-        cur, cur_m = cur + r, cur_m + m
-    if cur:
-        out_rows.append(cur)
-        out_masks.append(cur_m)
+        if out_rows and len(out_rows[-1]) + len(r) <= max_length:  # fits beside the examples before it
+            out_rows[-1] += r
+            out_masks[-1] += m
+        else:
+            out_rows.append(list(r))
+            out_masks.append(list(m))
     return out_rows, out_masks
 
 

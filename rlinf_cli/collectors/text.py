@@ -26,7 +26,7 @@ from rlinf_cli.api import TEXT, TEXT_SPEC, Score, TextSample, TextTask
 from rlinf_cli.collectors.base import Evaluation, training_seeds
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
-from rlinf_cli.registry import get_registry
+from rlinf_cli.registry import get_registry, make_simulator
 from rlinf_cli.settings import plain
 
 _TEXT_METHODS = ("encode_prompts", "generate", "evaluate", "decode")
@@ -250,8 +250,6 @@ class TextCollector:
         self.task: TextTask | None = None
         self.label = "jsonl"
         if node is not None and node.get("name"):
-            from rlinf_cli.registry import make_simulator
-
             self.task = make_simulator(node)
             if getattr(self.task, "modality", None) != TEXT:
                 raise UserError(f"sim '{node.get('name')}' is not a text task")
@@ -431,7 +429,7 @@ class TextCollector:
             return Evaluation({}, {label: {}}, {}, {"examples": []})
         samples = self.task.prompts([seed + i for i in range(episodes)])
         greedy: list[Completion] = []
-        solved = sampled_correct = sampled_n = 0
+        solved = sampled_correct = 0
         if pass_k > 0 and generator is None:
             generator = torch.Generator(device=policy.device).manual_seed(int(seed))
         for start in range(0, episodes, batch):
@@ -439,11 +437,9 @@ class TextCollector:
             greedy += sample_completions(policy, self.task, chunk, 1, self.new_tokens, greedy=True)
             if pass_k > 0:
                 comps = sample_completions(policy, self.task, chunk, pass_k, self.new_tokens, generator=generator)
-                for g in range(len(chunk)):
-                    ok = [bool(c.score.correct) for c in comps[g * pass_k:(g + 1) * pass_k]]
-                    solved += any(ok)
-                    sampled_correct += sum(ok)
-                    sampled_n += len(ok)
+                ok = np.array([bool(c.score.correct) for c in comps]).reshape(len(chunk), pass_k)  # [prompt, sample]
+                solved += int(ok.any(axis=1).sum())
+                sampled_correct += int(ok.sum())
             if on_batch is not None:
                 on_batch(len(chunk))
         summary = {"prompts": float(episodes), "accuracy": accuracy(greedy),
@@ -451,7 +447,7 @@ class TextCollector:
                    "completion_tokens_mean": sum(sum(c.loss_mask) for c in greedy) / episodes}
         if pass_k > 0:
             summary[f"pass@{pass_k}"] = solved / episodes
-            summary["sampled_accuracy"] = sampled_correct / max(sampled_n, 1)
+            summary["sampled_accuracy"] = sampled_correct / (episodes * pass_k)
         return Evaluation(summary, {label: summary}, {f"eval/{k}": v for k, v in summary.items()},
                           {"examples": examples_json(greedy, examples)},
                           examples_table(greedy, examples) if examples > 0 else None)

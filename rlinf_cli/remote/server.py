@@ -133,10 +133,9 @@ class Session:
         if not (isinstance(codec, list) and len(codec) == 3 and codec[0] in CODECS and isinstance(codec[1], bool)):
             raise ProtocolError("codec must be [compression, delta, level]")
         self.codec = CodecConfig(codec[0], codec[1], _check_int(codec[2], "compression level", -7, 23))
-        autoreset = msg.get("autoreset")
-        if not isinstance(autoreset, bool):
+        self.autoreset = msg.get("autoreset")
+        if not isinstance(self.autoreset, bool):
             raise ProtocolError("autoreset must be true or false")
-        self.autoreset = autoreset
         self.spec = spec
 
     def check_call(self, msg: Any) -> tuple[str, tuple]:
