@@ -19,6 +19,7 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT_SPEC, Obs, StepBatch
+from rlinf_cli.collectors.text import pad_rows, read_pairs
 from rlinf_cli.data.dataset import Episode
 from rlinf_cli.errors import UserError
 
@@ -149,8 +150,6 @@ class TextDataset:
     """
 
     def __init__(self, path: str, val_fraction: float, seed: int, device: Any, text_cfg: Any):
-        from rlinf_cli.collectors.text import read_pairs
-
         self.t = text_cfg
         self.pairs = read_pairs(path, str(text_cfg.prompt_key), str(text_cfg.completion_key))
         self.val_fraction, self.device = val_fraction, device
@@ -235,8 +234,6 @@ def pack(rows: list[list[int]], masks: list[list[int]], max_length: int) -> tupl
 
 
 def collate(rows: list[list[int]], masks: list[list[int]], pad: int, device: Any) -> tuple[Any, Any, Any]:
-    from rlinf_cli.collectors.text import pad_rows
-
     ids, attn, loss = pad_rows(rows, pad), pad_rows([[1] * len(r) for r in rows]), pad_rows(masks)  # masks fit rows
     return ids.to(device), attn.to(device), loss.to(device)
 

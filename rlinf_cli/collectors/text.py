@@ -24,6 +24,7 @@ import torch
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT, TEXT_SPEC, Score, TextSample, TextTask
 from rlinf_cli.collectors.base import Evaluation, training_seeds
+from rlinf_cli.data.jsonl import read_rows
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
 from rlinf_cli.registry import get_registry, make_simulator
@@ -137,8 +138,6 @@ def to_experience(policy: Any, completions: Sequence[Completion], group_size: in
 
 
 def read_pairs(path: str, prompt_key: str, completion_key: str) -> list[tuple[str, str]]:
-    from rlinf_cli.data.jsonl import read_rows
-
     rows = read_rows(path, (prompt_key, completion_key), "dataset", "set text.prompt_key / text.completion_key", strings=True)
     return [(row[prompt_key], row[completion_key]) for row in rows]
 

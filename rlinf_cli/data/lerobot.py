@@ -375,8 +375,7 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
             shape = tuple(int(x) for x in ft["shape"])
             arr = _column(table, feature).reshape(n, *shape)
             if shape == (1,) and (rl_meta is None or rl_meta["spec"]["observation"].get(key, {}).get("shape") == []):
-                arr = arr.reshape(n)
-                shape = ()
+                arr, shape = arr.reshape(n), ()
             obs[key] = arr.astype(ft["dtype"] if ft["dtype"] not in ("float64",) else "float32")
             obs_spec[key] = ArraySpec(shape, str(obs[key].dtype))
 
