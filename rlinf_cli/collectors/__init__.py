@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,6 @@ def dataset_source(path: str) -> tuple[bool, dict[str, Any] | None, str | None]:
     from rlinf_cli.data.dataset import read_meta
 
     if lerobot.is_lerobot_dataset(p):  # rlinf's own LeRobot datasets keep their provenance beside LeRobot's files
-        import json
-
         meta = p / lerobot.RLINF_META
         prov = (json.loads(meta.read_text()).get("provenance") or [{}])[-1] if meta.is_file() else {}
     else:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch
-from rlinf_cli.api import Obs, StepBatch
+from rlinf_cli.api import TEXT_SPEC, Obs, StepBatch
+from rlinf_cli.collectors.text import pad_rows, read_pairs
 from rlinf_cli.data.dataset import Episode
 from rlinf_cli.errors import UserError
 
@@ -74,11 +75,13 @@ def with_noise(act: Any, spec: Any, noise: float, epsilon: float, rng: np.random
 def split_episodes(episode_ids: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Row masks (train, val), holding out whole episodes so validation sees unseen trajectories."""
     unique = np.unique(episode_ids)
-    rng = np.random.default_rng(seed)
-    n_val = int(math.ceil(val_fraction * len(unique))) if len(unique) >= 2 and val_fraction > 0 else 0
-    val_eps = rng.permutation(unique)[:n_val]
-    val = np.isin(episode_ids, val_eps)
+    val = np.isin(episode_ids, np.random.default_rng(seed).permutation(unique)[:_n_val(len(unique), val_fraction)])
     return ~val, val
+
+
+def _n_val(n: int, val_fraction: float) -> int:
+    """How many of ``n`` episodes or examples validation holds out (none of a single one)."""
+    return int(math.ceil(val_fraction * n)) if n >= 2 and val_fraction > 0 else 0
 
 
 class EpisodeDataset:
@@ -104,15 +107,13 @@ class EpisodeDataset:
 
     def prepare(self, policy: Any, note: Any) -> None:
         """The policy must read what the dataset holds (a LeRobot dataset says which features map where)."""
+        from rlinf_cli.data import lerobot
         from rlinf_cli.policy import check_compatible
-
-        if self.data.meta.get("format") == "lerobot":
-            from rlinf_cli.data import lerobot
-
-            lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
-        check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
         from rlinf_cli.runtime.chunking import chunk_of, chunk_targets
 
+        if self.data.meta.get("format") == "lerobot":
+            lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
+        check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
         k = chunk_of(policy)
         if k > 1:  # a policy that acts in chunks clones each step's next k actions
             self.actions = torch.as_tensor(chunk_targets(np.asarray(self.data.actions), np.asarray(self.data.episode), k),
@@ -149,16 +150,12 @@ class TextDataset:
     """
 
     def __init__(self, path: str, val_fraction: float, seed: int, device: Any, text_cfg: Any):
-        from rlinf_cli.collectors.text import read_pairs
-
         self.t = text_cfg
         self.pairs = read_pairs(path, str(text_cfg.prompt_key), str(text_cfg.completion_key))
         self.val_fraction, self.device = val_fraction, device
         self.rng = np.random.default_rng(seed)
         self.meta_file = None
         self.tokens = 0
-        from rlinf_cli.api import TEXT_SPEC
-
         self.spec = TEXT_SPEC
 
     def prepare(self, policy: Any, note: Any) -> None:
@@ -179,8 +176,7 @@ class TextDataset:
         if self.dropped:
             note(f"dropped {self.dropped} examples longer than text.max_length={max_length} tokens")
         order = self.rng.permutation(len(self.rows))
-        n = len(self.rows)
-        n_val = int(math.ceil(self.val_fraction * n)) if n >= 2 and self.val_fraction > 0 else 0
+        n_val = _n_val(len(self.rows), self.val_fraction)
         self.val_idx, train_idx = order[:n_val], order[n_val:]
         self.n_train = len(train_idx)
         self.train_rows = [self.rows[i] for i in train_idx]
@@ -207,15 +203,14 @@ class TextDataset:
     def val_loss(self, policy: Any, algo: Algorithm) -> float | None:
         if not len(self.val_idx):
             return None
-        total, count = 0.0, 0
+        total = 0.0
         for s in range(0, len(self.val_idx), 256):
             idx = self.val_idx[s:s + 256]
             tokens = self.tokens
             total += float(algo.supervised_loss(policy, self._batch([self.rows[i] for i in idx],
                                                                     [self.masks[i] for i in idx]))) * len(idx)
             self.tokens = tokens  # validation tokens are not training throughput
-            count += len(idx)
-        return total / max(count, 1)
+        return total / len(self.val_idx)
 
     def metrics(self, seconds: float) -> dict[str, float]:
         return {"time/tokens_per_s": self.tokens / max(seconds, 1e-9)}
@@ -226,27 +221,19 @@ class TextDataset:
 
 def pack(rows: list[list[int]], masks: list[list[int]], max_length: int) -> tuple[list[list[int]], list[list[int]]]:
     """Greedy packing: consecutive examples share a row up to ``max_length`` tokens."""
-    out_rows, out_masks, cur, cur_m = [], [], [], []
+    out_rows: list[list[int]] = []
+    out_masks: list[list[int]] = []
     for r, m in zip(rows, masks):
-        if cur and len(cur) + len(r) > max_length:
-            out_rows.append(cur)
-            out_masks.append(cur_m)
-            cur, cur_m = [], []
-        cur, cur_m = cur + r, cur_m + m
-    if cur:
-        out_rows.append(cur)
-        out_masks.append(cur_m)
+        if out_rows and len(out_rows[-1]) + len(r) <= max_length:  # fits beside the examples before it
+            out_rows[-1] += r
+            out_masks[-1] += m
+        else:
+            out_rows.append(list(r))
+            out_masks.append(list(m))
     return out_rows, out_masks
 
 
 def collate(rows: list[list[int]], masks: list[list[int]], pad: int, device: Any) -> tuple[Any, Any, Any]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    loss = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, m) in enumerate(zip(rows, masks)):
-        ids[i, :len(r)] = torch.tensor(r)
-        attn[i, :len(r)] = 1
-        loss[i, :len(m)] = torch.tensor(m)
+    ids, attn, loss = pad_rows(rows, pad), pad_rows([[1] * len(r) for r in rows]), pad_rows(masks)  # masks fit rows
     return ids.to(device), attn.to(device), loss.to(device)
 

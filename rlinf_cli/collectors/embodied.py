@@ -138,12 +138,8 @@ def summarize(episodes: Sequence[EpisodeStats], has_success: bool = True) -> dic
 def summarize_by_task(episodes: Sequence[EpisodeStats], tasks: Sequence[str],
                       has_success: bool = True) -> dict[str, dict[str, float]]:
     """Task name -> :func:`summarize` of its episodes, for simulators with several tasks."""
-    out = {}
-    for index, name in enumerate(tasks):
-        mine = [e for e in episodes if e.task == index]
-        if mine:
-            out[name] = summarize(mine, has_success)
-    return out
+    by_task = {name: [e for e in episodes if e.task == index] for index, name in enumerate(tasks)}
+    return {name: summarize(mine, has_success) for name, mine in by_task.items() if mine}
 
 
 def task_mean(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -345,11 +341,10 @@ class EmbodiedCollector:
             raise UserError(f"--algo {algo.name} compares groups of episodes that start from one seed, but this "
                             f"simulator seeds its whole batch at once (EnvSpec.per_env_seeds=False, a batched engine "
                             f"such as Isaac Lab): its groups would not share initial states. Use --algo ppo")
-        notes: list[str] = []
         executor = self.executor(policy_actor(policy, self.spec, self.ctx.device, False), num_envs)
         first_seeds = training_seeds(int(self.cfg.seed), state["iteration"] * world + rank, num_envs)
         overlap = bool((self.cfg.get("runtime") or {}).get("overlap_update", False)) and spec.kind == "steps"
-        notes += self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0, overlap, algo)
+        notes = self._start_normalizer(num_envs, saved is not None or state["iteration"] > 0, overlap, algo)
         if self.normalizer is not None:
             if overlap:
                 raise UserError("runtime.overlap_update=true collects in another process, which cannot share the running "
@@ -468,8 +463,7 @@ class EmbodiedCollector:
             obs, nxt = self.normalizer.observe(obs, update=False), self.normalizer.observe(nxt, update=False)
             rewards = self.normalizer.scale_rewards(rewards)
         dev = self.ctx.device
-        demo = np.zeros(spec.batch_size, np.float32)
-        demo[spec.batch_size - n_demo:] = 1.0
+        demo = (np.arange(spec.batch_size) >= spec.batch_size - n_demo).astype(np.float32)  # the last n_demo rows
         f = lambda x: torch.as_tensor(np.asarray(x, np.float32), device=dev)  # noqa: E731
         return TransitionBatch(obs_to_torch(obs, dev), torch.as_tensor(cat("actions"), device=dev), f(rewards),
                                obs_to_torch(nxt, dev), f(cat("terminated")), f(demo))
@@ -544,12 +538,8 @@ class EmbodiedCollector:
         return out
 
     def info(self, metrics: dict[str, float]) -> str:
-        parts = []
-        if "rollout/return_mean" in metrics:
-            parts.append(f"return {metrics['rollout/return_mean']:.1f}")
-        if "rollout/success_once" in metrics:
-            parts.append(f"success {metrics['rollout/success_once']:.0%}")
-        return "  ".join(parts)
+        shown = (("return", "rollout/return_mean", ".1f"), ("success", "rollout/success_once", ".0%"))
+        return "  ".join(f"{name} {metrics[key]:{fmt}}" for name, key, fmt in shown if key in metrics)
 
     def state(self) -> dict[str, np.ndarray]:
         """What a checkpoint needs to continue exactly: running episodes (replayed on resume) and
@@ -649,10 +639,9 @@ class EmbodiedCollector:
     def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> Any:
         """The dataset writer ``format`` names: rlinf's own, or LeRobot v3.0 (rlinf_cli/data/lerobot.py)."""
         from rlinf_cli.data.dataset import DatasetWriter
+        from rlinf_cli.data.lerobot import writer_for
 
         if self.cfg.get("format", "rlinf") == "lerobot":
-            from rlinf_cli.data.lerobot import writer_for
-
             writer = writer_for(self.cfg, self.sim, provenance)
         else:
             writer = DatasetWriter(output, self.spec, provenance, chunk)
@@ -664,7 +653,6 @@ class EmbodiedCollector:
         """Run ``source`` (random, expert or a checkpoint; with ``action_noise`` / ``epsilon``) on
         fresh seeds and append the episodes it keeps to ``writer`` until ``want`` are kept."""
         from rlinf_cli.collectors.datasets import EpisodeBuffer, with_noise
-
         from rlinf_cli.runtime.chunking import ChunkedSimulator
 
         cfg, first_seed = self.cfg, writer.provenance["first_seed"]

@@ -24,9 +24,10 @@ import torch
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT, TEXT_SPEC, Score, TextSample, TextTask
 from rlinf_cli.collectors.base import Evaluation, training_seeds
+from rlinf_cli.data.jsonl import read_rows
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
-from rlinf_cli.registry import get_registry
+from rlinf_cli.registry import get_registry, make_simulator
 from rlinf_cli.settings import plain
 
 _TEXT_METHODS = ("encode_prompts", "generate", "evaluate", "decode")
@@ -103,33 +104,29 @@ def accuracy(completions: Sequence[Completion]) -> float:
     return sum(bool(c.score and c.score.correct) for c in completions) / max(len(completions), 1)
 
 
-def _pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, p in enumerate(rows):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    return ids, mask
+def pad_rows(rows: Sequence[Sequence[float]], value: float = 0, dtype: torch.dtype = torch.long, left: bool = False,
+             width: int = 0) -> torch.Tensor:
+    """Rows of different lengths as one tensor, padded with ``value`` on the right (or the left) to the
+    longest row (at least ``width``)."""
+    width = max(width, *(len(r) for r in rows))
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        start = width - len(r) if left else 0
+        out[i, start:start + len(r)] = torch.tensor(r, dtype=dtype)
+    return out
 
 
 def to_experience(policy: Any, completions: Sequence[Completion], group_size: int, shape: tuple[int, int]) -> Experience:
     """Completions (groups contiguous) -> an Experience on the policy's device, laid out ``shape``."""
     dev, pad = policy.device, policy.pad_token_id
     samples = [completions[g * group_size].sample for g in range(len(completions) // group_size)]
-    prompt_ids, prompt_mask = _pad_left(policy.encode_prompts([s.prompt for s in samples]), pad)
-    B, L = len(completions), max(1, max(len(c.tokens) for c in completions))
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    loss_mask = torch.zeros((B, L))
-    old = torch.zeros((B, L))
-    for i, c in enumerate(completions):
-        n = len(c.tokens)
-        if n:
-            ids[i, :n] = torch.tensor(c.tokens, dtype=torch.long)
-            attn[i, :n] = 1
-            loss_mask[i, :n] = torch.tensor(c.loss_mask, dtype=torch.float32)
-            old[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+    prompts = policy.encode_prompts([s.prompt for s in samples])
+    prompt_ids, prompt_mask = pad_rows(prompts, pad, left=True), pad_rows([[1] * len(p) for p in prompts], left=True)
+    ids = pad_rows([c.tokens for c in completions], pad, width=1)
+    attn = pad_rows([[1] * len(c.tokens) for c in completions], width=1)
+    loss_mask = pad_rows([c.loss_mask for c in completions], dtype=torch.float32, width=1)
+    old = pad_rows([c.logprobs for c in completions], dtype=torch.float32, width=1)
+    B, L = ids.shape
     rewards = torch.tensor([c.score.reward if c.score else 0.0 for c in completions], dtype=torch.float32).to(dev)
     T, N = shape
     ones, zeros = torch.ones(T, N, device=dev), torch.zeros(T, N, device=dev)
@@ -141,8 +138,6 @@ def to_experience(policy: Any, completions: Sequence[Completion], group_size: in
 
 
 def read_pairs(path: str, prompt_key: str, completion_key: str) -> list[tuple[str, str]]:
-    from rlinf_cli.data.jsonl import read_rows
-
     rows = read_rows(path, (prompt_key, completion_key), "dataset", "set text.prompt_key / text.completion_key", strings=True)
     return [(row[prompt_key], row[completion_key]) for row in rows]
 
@@ -236,8 +231,7 @@ class TextWriter:
     def close(self) -> None:
         if self.rows:
             with self.path.open("a", encoding="utf-8") as f:
-                for r in self.rows:
-                    f.write(json.dumps(r) + "\n")
+                f.writelines(json.dumps(r) + "\n" for r in self.rows)
             self.meta["provenance"].append({**self.provenance, "rows": len(self.rows)})
             self.meta_path.write_text(json.dumps(self.meta, indent=2))
             self.added += len(self.rows)
@@ -255,8 +249,6 @@ class TextCollector:
         self.task: TextTask | None = None
         self.label = "jsonl"
         if node is not None and node.get("name"):
-            from rlinf_cli.registry import make_simulator
-
             self.task = make_simulator(node)
             if getattr(self.task, "modality", None) != TEXT:
                 raise UserError(f"sim '{node.get('name')}' is not a text task")
@@ -436,7 +428,7 @@ class TextCollector:
             return Evaluation({}, {label: {}}, {}, {"examples": []})
         samples = self.task.prompts([seed + i for i in range(episodes)])
         greedy: list[Completion] = []
-        solved = sampled_correct = sampled_n = 0
+        solved = sampled_correct = 0
         if pass_k > 0 and generator is None:
             generator = torch.Generator(device=policy.device).manual_seed(int(seed))
         for start in range(0, episodes, batch):
@@ -444,11 +436,9 @@ class TextCollector:
             greedy += sample_completions(policy, self.task, chunk, 1, self.new_tokens, greedy=True)
             if pass_k > 0:
                 comps = sample_completions(policy, self.task, chunk, pass_k, self.new_tokens, generator=generator)
-                for g in range(len(chunk)):
-                    ok = [bool(c.score.correct) for c in comps[g * pass_k:(g + 1) * pass_k]]
-                    solved += any(ok)
-                    sampled_correct += sum(ok)
-                    sampled_n += len(ok)
+                ok = np.array([bool(c.score.correct) for c in comps]).reshape(len(chunk), pass_k)  # [prompt, sample]
+                solved += int(ok.any(axis=1).sum())
+                sampled_correct += int(ok.sum())
             if on_batch is not None:
                 on_batch(len(chunk))
         summary = {"prompts": float(episodes), "accuracy": accuracy(greedy),
@@ -456,7 +446,7 @@ class TextCollector:
                    "completion_tokens_mean": sum(sum(c.loss_mask) for c in greedy) / episodes}
         if pass_k > 0:
             summary[f"pass@{pass_k}"] = solved / episodes
-            summary["sampled_accuracy"] = sampled_correct / max(sampled_n, 1)
+            summary["sampled_accuracy"] = sampled_correct / (episodes * pass_k)
         return Evaluation(summary, {label: summary}, {f"eval/{k}": v for k, v in summary.items()},
                           {"examples": examples_json(greedy, examples)},
                           examples_table(greedy, examples) if examples > 0 else None)

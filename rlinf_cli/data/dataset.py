@@ -56,14 +56,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` written to a temporary file beside ``path``, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(data, indent=2))
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    _write_atomic(path, json.dumps(data, indent=2).encode())
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -258,15 +264,17 @@ def episodes_to_table(episodes: list[Episode], spec: EnvSpec, first_episode: int
     actions = np.concatenate([e.actions for e in episodes])
     cols["action"] = pa.array(actions.astype(np.int64)) if spec.discrete else _fixed_list(actions, "float32")
     cols["reward"] = pa.array(np.concatenate([e.rewards for e in episodes]).astype(np.float32))
-    term = np.zeros(sum(lengths), dtype=bool)
-    trunc = np.zeros(sum(lengths), dtype=bool)
-    ends = np.cumsum(lengths) - 1
-    term[ends] = [e.terminated for e in episodes]
-    trunc[ends] = [e.truncated for e in episodes]
-    cols["terminated"] = pa.array(term)
-    cols["truncated"] = pa.array(trunc)
+    cols["terminated"] = pa.array(_at_ends(lengths, [e.terminated for e in episodes]))
+    cols["truncated"] = pa.array(_at_ends(lengths, [e.truncated for e in episodes]))
     cols["success"] = pa.array(np.concatenate([e.success for e in episodes]).astype(bool))
     return pa.table(cols)
+
+
+def _at_ends(lengths: Any, flags: list[bool]) -> np.ndarray:
+    """A per-step bool column: each episode's flag at its last step, False elsewhere."""
+    out = np.zeros(int(np.sum(lengths)), dtype=bool)
+    out[np.cumsum(lengths) - 1] = flags
+    return out
 
 
 def _fixed_list(values: np.ndarray, dtype: str) -> Any:

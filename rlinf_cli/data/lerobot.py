@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,7 +35,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.data.dataset import WriterBase, _column, _fixed_list, _write_json_atomic, sha256_file
+from rlinf_cli.data.dataset import (WriterBase, _at_ends, _column, _fixed_list, _write_atomic, _write_json_atomic,
+                                    sha256_file)
 from rlinf_cli.errors import UserError
 
 CODEBASE_VERSION = "v3.0"
@@ -76,18 +76,9 @@ def default_key(feature: str) -> str | None:
     """The rlinf observation key a LeRobot feature maps to by default (None: not an observation)."""
     if feature == "observation.state":
         return "state"
-    if feature.startswith("observation.images."):
-        return feature[len("observation.images."):]
     if feature.startswith("observation."):
-        return feature[len("observation."):]
+        return feature.removeprefix("observation.").removeprefix("images.")
     return None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _parquet_bytes(table: Any) -> bytes:
@@ -110,14 +101,8 @@ class _RunningStats:
         part = {"count": np.asarray(float(np.prod([v.shape[a] for a in axes]))), "sum": v.sum(axis=axes),
                 "sumsq": (v * v).sum(axis=axes), "min": v.min(axis=axes), "max": v.max(axis=axes)}
         old = self.acc.get(name)
-        if old is None:
-            self.acc[name] = part
-            return
-        old["count"] = old["count"] + part["count"]
-        old["sum"] = old["sum"] + part["sum"]
-        old["sumsq"] = old["sumsq"] + part["sumsq"]
-        old["min"] = np.minimum(old["min"], part["min"])
-        old["max"] = np.maximum(old["max"], part["max"])
+        merge = {"min": np.minimum, "max": np.maximum}  # the rest add up
+        self.acc[name] = part if old is None else {s: merge.get(s, np.add)(old[s], v) for s, v in part.items()}
 
     def saved(self) -> dict[str, Any]:
         return {k: {s: np.asarray(v).tolist() for s, v in d.items()} for k, d in self.acc.items()}
@@ -149,8 +134,9 @@ class LeRobotWriter(WriterBase):
         self.fps = int(fps)
         self.per_flush = max(1, int(episodes_per_file))
         self.codec, self.crf, self.gop = codec, int(crf), gop
-        self.features = self._features()  # rlinf key -> LeRobot feature
-        self.videos = [self.features[k] for k, s in spec.observation.items() if is_image(s)]
+        self.features = {k: feature_name(k, s) for k, s in spec.observation.items() if k != TASK_KEY}
+        self.features["action"] = "action"  # features: rlinf key -> LeRobot feature
+        self.videos = [name for _, name, s in self._observed() if is_image(s)]
         p = Path(path)
         if (p / INFO).exists() and not (p / RLINF_META).is_file():
             raise UserError(f"'{p}' is a LeRobot dataset written by another tool; rlinf appends only to "
@@ -177,17 +163,13 @@ class LeRobotWriter(WriterBase):
         self.stats = _RunningStats(self.meta.get("stats"))
 
     # -- schema ---------------------------------------------------------------------------------
-    def _features(self) -> dict[str, str]:
-        out = {k: feature_name(k, s) for k, s in self.spec.observation.items() if k != TASK_KEY}
-        out["action"] = "action"
-        return out
+    def _observed(self) -> list[tuple[str, str, ArraySpec]]:
+        """(rlinf key, LeRobot feature, spec) of every observation but the task id."""
+        return [(k, self.features[k], s) for k, s in self.spec.observation.items() if k != TASK_KEY]
 
     def _info_features(self) -> dict[str, Any]:
         feats: dict[str, Any] = {}
-        for key, s in self.spec.observation.items():
-            if key == TASK_KEY:
-                continue
-            name = self.features[key]
+        for _, name, s in self._observed():
             if is_image(s):
                 feats[name] = {"dtype": "video", "shape": list(s.shape), "names": ["height", "width", "channels"],
                                "info": None}  # filled from the first encoded file
@@ -206,8 +188,7 @@ class LeRobotWriter(WriterBase):
     def _next_file(self) -> tuple[int, int]:
         used = [int(m.group(1)) * CHUNKS_SIZE + int(m.group(2))
                 for p in (self.path / "data").glob("chunk-*/file-*.parquet") if (m := _FILE_RE.search(p.as_posix()))]
-        n = max(used, default=-1) + 1
-        return divmod(n, CHUNKS_SIZE)
+        return divmod(max(used, default=-1) + 1, CHUNKS_SIZE)
 
     def flush(self) -> None:
         if not self._buffer or self._failed:
@@ -223,6 +204,8 @@ class LeRobotWriter(WriterBase):
     def _flush(self) -> None:
         import pyarrow as pa
 
+        from rlinf_cli.video import encode_mp4
+
         eps = list(self._buffer)
         chunk, file = self._next_file()
         where = {"chunk_index": chunk, "file_index": file}
@@ -236,16 +219,13 @@ class LeRobotWriter(WriterBase):
         cols: dict[str, Any] = {}
         written: list[str] = []
         video_meta: dict[str, dict[str, Any]] = {}
-        for key, s in self.spec.observation.items():
-            if key == TASK_KEY:
-                continue
-            name = self.features[key]
+        for key, name, s in self._observed():
             values = np.concatenate([e.obs[key] for e in eps])
             if is_image(s):
                 rel = VIDEO_PATH.format(video_key=name, **where)
-                info = self._encode(values, self.path / rel)
+                video_meta[name] = encode_mp4(values, self.path / rel, self.fps, codec=self.codec, crf=self.crf,
+                                              gop=self.gop)
                 written.append(rel)
-                video_meta[name] = info
                 self.stats.add(name, values, (0, 1, 2))
                 continue
             if s.is_text:
@@ -256,16 +236,14 @@ class LeRobotWriter(WriterBase):
         actions = np.concatenate([e.actions for e in eps])
         cols["action"] = pa.array(actions.astype(np.int64)) if self.spec.discrete else _array(actions, "float32")
         self.stats.add("action", actions.reshape(n, -1).astype(np.float64), (0,))
-        done = np.zeros(n, dtype=bool)
-        trunc = np.zeros(n, dtype=bool)
-        done[ends - 1] = [e.terminated or e.truncated for e in eps]
-        trunc[ends - 1] = [e.truncated for e in eps]
         step_cols = {
             "timestamp": (frame_index / self.fps).astype(np.float32), "frame_index": frame_index,
             "episode_index": np.repeat(np.arange(first_ep, first_ep + len(eps)), lengths).astype(np.int64),
             "index": np.arange(first_frame, first_frame + n, dtype=np.int64), "task_index": task_ids.astype(np.int64),
-            "next.reward": np.concatenate([e.rewards for e in eps]).astype(np.float32), "next.done": done,
-            "next.truncated": trunc, "next.success": np.concatenate([e.success for e in eps]).astype(bool),
+            "next.reward": np.concatenate([e.rewards for e in eps]).astype(np.float32),
+            "next.done": _at_ends(lengths, [e.terminated or e.truncated for e in eps]),
+            "next.truncated": _at_ends(lengths, [e.truncated for e in eps]),
+            "next.success": np.concatenate([e.success for e in eps]).astype(bool),
         }
         for name, values in step_cols.items():
             cols[name] = pa.array(values)
@@ -274,23 +252,22 @@ class LeRobotWriter(WriterBase):
         rel = DATA_PATH.format(**where)
         _write_atomic(self.path / rel, _parquet_bytes(pa.table(cols)))
         written.append(rel)
+        def located(prefix: str) -> dict[str, Any]:  # <prefix>/chunk_index, <prefix>/file_index: this flush's files
+            return {f"{prefix}/{k}": pa.array([v] * len(eps), pa.int64()) for k, v in where.items()}
+
         # one row per episode: where its rows and frames are
         ep_cols: dict[str, Any] = {
             "episode_index": pa.array(np.arange(first_ep, first_ep + len(eps), dtype=np.int64)),
             "tasks": pa.array([sorted({self.tasks[t] for t in self._task_ids(e)}) for e in eps], pa.list_(pa.string())),
-            "length": pa.array(lengths.astype(np.int64)),
-            "data/chunk_index": pa.array([chunk] * len(eps), pa.int64()),
-            "data/file_index": pa.array([file] * len(eps), pa.int64()),
+            "length": pa.array(lengths.astype(np.int64)), **located("data"),
             "dataset_from_index": pa.array(first_frame + starts, pa.int64()),
             "dataset_to_index": pa.array(first_frame + ends, pa.int64()),
         }
         for name in video_meta:
-            ep_cols[f"videos/{name}/chunk_index"] = pa.array([chunk] * len(eps), pa.int64())
-            ep_cols[f"videos/{name}/file_index"] = pa.array([file] * len(eps), pa.int64())
+            ep_cols.update(located(f"videos/{name}"))
             ep_cols[f"videos/{name}/from_timestamp"] = pa.array(starts / self.fps, pa.float64())
             ep_cols[f"videos/{name}/to_timestamp"] = pa.array(ends / self.fps, pa.float64())
-        ep_cols["meta/episodes/chunk_index"] = pa.array([chunk] * len(eps), pa.int64())
-        ep_cols["meta/episodes/file_index"] = pa.array([file] * len(eps), pa.int64())
+        ep_cols.update(located("meta/episodes"))
         ep_cols["seed"] = pa.array([e.seed for e in eps], pa.int64())  # rlinf: the reset seed of each episode
         rel = EPISODES_PATH.format(**where)
         _write_atomic(self.path / rel, _parquet_bytes(pa.table(ep_cols)))
@@ -311,22 +288,15 @@ class LeRobotWriter(WriterBase):
             return np.asarray(episode.obs[TASK_KEY]).reshape(len(episode)).astype(np.int64)
         return np.zeros(len(episode), dtype=np.int64)
 
-    def _encode(self, frames: np.ndarray, path: Path) -> dict[str, Any]:
-        from rlinf_cli.video import encode_mp4
-
-        return encode_mp4(frames, path, self.fps, codec=self.codec, crf=self.crf, gop=self.gop)
-
     def _write_meta(self) -> None:
         import pandas as pd
+        import pyarrow as pa
 
         self.meta["tasks"] = self.tasks
         self.meta["stats"] = self.stats.saved()
-        images = {self.features[k] for k, s in self.spec.observation.items() if is_image(s)}
         tasks = pd.DataFrame({"task_index": np.arange(len(self.tasks), dtype=np.int64)}, index=pd.Index(self.tasks, name="task"))
-        sink = io.BytesIO()
-        tasks.to_parquet(sink)
-        _write_atomic(self.path / TASKS, sink.getvalue())
-        _write_json_atomic(self.path / STATS, self.stats.lerobot(images))
+        _write_atomic(self.path / TASKS, _parquet_bytes(pa.Table.from_pandas(tasks)))  # as DataFrame.to_parquet
+        _write_json_atomic(self.path / STATS, self.stats.lerobot(set(self.videos)))
         _write_json_atomic(self.path / RLINF_META, self.meta)
         self.info.update(total_episodes=int(self.meta["episodes"]), total_frames=int(self.meta["frames"]),
                          total_tasks=len(self.tasks), splits={"train": f"0:{int(self.meta['episodes'])}"})
@@ -394,12 +364,9 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
     obs_spec: dict[str, ArraySpec] = {}
     for key, feature in keymap.items():
         ft = features[feature]
-        if ft["dtype"] == "video":
-            frames = _video_frames(path, info, feature, table, episodes)
-            obs[key] = frames
-            obs_spec[key] = ArraySpec(tuple(frames.shape[1:]), "uint8", 0, 255)
-        elif ft["dtype"] == "image":
-            obs[key] = _image_column(table.column(feature))
+        if ft["dtype"] in ("video", "image"):
+            obs[key] = _video_frames(path, info, feature, table, episodes) if ft["dtype"] == "video" \
+                else _image_column(table.column(feature))
             obs_spec[key] = ArraySpec(tuple(obs[key].shape[1:]), "uint8", 0, 255)
         elif ft["dtype"] == "string":  # a text entry (an instruction)
             obs[key] = np.array(table.column(feature).to_pylist(), dtype=object)
@@ -408,24 +375,22 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
             shape = tuple(int(x) for x in ft["shape"])
             arr = _column(table, feature).reshape(n, *shape)
             if shape == (1,) and (rl_meta is None or rl_meta["spec"]["observation"].get(key, {}).get("shape") == []):
-                arr = arr.reshape(n)
-                shape = ()
+                arr, shape = arr.reshape(n), ()
             obs[key] = arr.astype(ft["dtype"] if ft["dtype"] not in ("float64",) else "float32")
             obs_spec[key] = ArraySpec(shape, str(obs[key].dtype))
-    task_index = table.column("task_index").to_numpy().astype(np.int64) if "task_index" in table.column_names \
-        else np.zeros(n, dtype=np.int64)
+
+    def optional(name: str, dtype: Any) -> np.ndarray:  # a per-step column, zeros where the dataset has none
+        return _column(table, name).reshape(n).astype(dtype) if name in table.column_names else np.zeros(n, dtype)
+
+    task_index = optional("task_index", np.int64)
     act_ft = features.get("action")
     if act_ft is None:
         raise UserError(f"LeRobot dataset '{path}' has no 'action' feature; its features: {sorted(features)}")
     discrete = act_ft["dtype"].startswith("int")
-    if discrete:
-        actions = _column(table, "action").reshape(n).astype(np.int64)
-    else:
-        actions = _column(table, "action").reshape(n, *[int(x) for x in act_ft["shape"]]).astype(np.float32)
-    rewards = _column(table, "next.reward").reshape(n).astype(np.float32) if "next.reward" in table.column_names \
-        else np.zeros(n, dtype=np.float32)
+    act_shape = () if discrete else tuple(int(x) for x in act_ft["shape"])
+    actions = _column(table, "action").reshape(n, *act_shape).astype(np.int64 if discrete else np.float32)
+    rewards, success = optional("next.reward", np.float32), optional("next.success", bool)
     has_success = "next.success" in table.column_names
-    success = _column(table, "next.success").reshape(n).astype(bool) if has_success else np.zeros(n, dtype=bool)
     if rl_meta is not None:
         spec = EnvSpec.from_dict(rl_meta["spec"])
         if TASK_KEY in spec.observation:

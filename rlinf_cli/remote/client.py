@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ from rlinf_cli.api import Obs
 from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder
-from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, start_all
+from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, last_line, start_all
 
 _END = object()
 
@@ -55,13 +56,10 @@ class Endpoint:
                    ("grpc.enable_retries", 0), *wire.HTTP2_OPTIONS]
         if not self.tls:
             return grpc.insecure_channel(self.address, options=options)
-        roots = None
-        if self.tls_ca:
-            try:
-                with open(self.tls_ca, "rb") as f:
-                    roots = f.read()
-            except OSError as exc:
-                raise UserError(f"sim.tls_ca: cannot read {self.tls_ca}: {exc.strerror}") from exc
+        try:
+            roots = Path(self.tls_ca).read_bytes() if self.tls_ca else None
+        except OSError as exc:
+            raise UserError(f"sim.tls_ca: cannot read {self.tls_ca}: {exc.strerror}") from exc
         if self.tls_server_name:
             options.append(("grpc.ssl_target_name_override", self.tls_server_name))
         return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
@@ -78,13 +76,10 @@ def _user_error(ep: Endpoint, exc: Any) -> UserError | None:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return UserError(f"env server {ep.address} refused the connection: {details}. Set sim.token "
                          f"(or {wire.TOKEN_ENV}) to the token the server was started with")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return UserError(f"env server {ep.address} refused the session: {details}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return UserError(f"env server {ep.address} rejected a request: {details}")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return UserError(f"env server {ep.address}: {details}")
-    return None
+    status = grpc.StatusCode
+    said = {status.RESOURCE_EXHAUSTED: " refused the session:", status.INVALID_ARGUMENT: " rejected a request:",
+            status.FAILED_PRECONDITION: ":"}.get(code)
+    return None if said is None else UserError(f"env server {ep.address}{said} {details}")
 
 
 def server_info(ep: Endpoint) -> dict[str, Any]:
@@ -122,17 +117,11 @@ class _Stream:
         self._channel = ep.channel()
         self._out: queue.Queue = queue.Queue()
         self._in: queue.Queue = queue.Queue()
-        self._call = self._channel.stream_stream(method)(self._requests(), metadata=ep.metadata())
+        # requests: what send() queued, until close() queues _END
+        self._call = self._channel.stream_stream(method)(iter(self._out.get, _END), metadata=ep.metadata())
         self._reader = threading.Thread(target=self._read, daemon=True, name="rlinf-env-client")
         self._reader.start()
         self.closed = False
-
-    def _requests(self) -> Any:
-        while True:
-            msg = self._out.get()
-            if msg is _END:
-                return
-            yield msg
 
     def _read(self) -> None:
         try:
@@ -297,8 +286,6 @@ class RemoteEnv:
         try:
             return self._worker.result(self._worker.submit(method, *args))
         except RemoteError as exc:
-            from rlinf_cli.runtime.workers import last_line
-
             raise RuntimeError(f"on the env server: {last_line(exc.args[0] if exc.args else '', 'error')}") from None
 
     def _obs(self, reply: Reply) -> Obs:

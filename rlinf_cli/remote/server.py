@@ -19,6 +19,7 @@ session with a logged reason; it never reaches the simulator and never stops the
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import logging
@@ -26,6 +27,7 @@ import os
 import pickle
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -131,14 +133,16 @@ class Session:
         if not (isinstance(codec, list) and len(codec) == 3 and codec[0] in CODECS and isinstance(codec[1], bool)):
             raise ProtocolError("codec must be [compression, delta, level]")
         self.codec = CodecConfig(codec[0], codec[1], _check_int(codec[2], "compression level", -7, 23))
-        autoreset = msg.get("autoreset")
-        if not isinstance(autoreset, bool):
+        self.autoreset = msg.get("autoreset")
+        if not isinstance(self.autoreset, bool):
             raise ProtocolError("autoreset must be true or false")
-        self.autoreset = autoreset
         self.spec = spec
 
     def check_call(self, msg: Any) -> tuple[str, tuple]:
-        """``(method, args)`` of a call message, every argument checked against the spec."""
+        """``(method, args)`` of a call message, every argument checked against the spec
+        (``("close", ())`` for a close message)."""
+        if isinstance(msg, dict) and msg.get("op") == "close":
+            return "close", ()
         if not isinstance(msg, dict) or msg.get("op") != "call":
             raise ProtocolError("expected {op: call, method, args} or {op: close}")
         method, args = msg.get("method"), msg.get("args")
@@ -178,10 +182,8 @@ class Session:
 
 
 def _kill_quietly(worker: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # already gone, or being closed by its session's thread
         worker.kill()
-    except Exception:  # already gone, or being closed by its session's thread
-        pass
 
 
 class EnvServer:
@@ -248,11 +250,8 @@ class EnvServer:
         address = f"{cfg.host}:{cfg.port}" if ":" not in cfg.host else f"[{cfg.host.strip('[]')}]:{cfg.port}"
         try:
             if cfg.tls_cert:
-                with open(cfg.tls_key, "rb") as f:
-                    key = f.read()
-                with open(cfg.tls_cert, "rb") as f:
-                    chain = f.read()
-                port = self._server.add_secure_port(address, grpc.ssl_server_credentials([(key, chain)]))
+                key_chain = (Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())
+                port = self._server.add_secure_port(address, grpc.ssl_server_credentials([key_chain]))
             else:
                 port = self._server.add_insecure_port(address)
         except (OSError, RuntimeError) as exc:
@@ -290,27 +289,27 @@ class EnvServer:
             log.warning("refused %s: wrong token", ctx.peer())
             ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")
 
-    def _decode(self, raw: bytes) -> Any:
-        if len(raw) > self.cfg.max_message_bytes:
-            raise ProtocolError(f"message of {len(raw):,} bytes is over the {self.cfg.max_message_mb:g} MiB limit")
-        try:
-            return wire.unpack(raw)
-        except wire.WireError as exc:
-            raise ProtocolError(f"malformed message: {exc}") from None
-
-    def _reject(self, ctx: Any, who: str, why: str) -> None:
+    def _checked(self, ctx: Any, who: str, raw: bytes, check: Any = None) -> Any:
+        """A received message, decoded and passed through ``check``; one that is over the size
+        limit, malformed or refused by ``check`` (:class:`ProtocolError`) ends the stream."""
         import grpc
 
-        log.warning("%s: closed the connection: %s", who, why)
-        ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+        try:
+            if len(raw) > self.cfg.max_message_bytes:
+                raise ProtocolError(f"message of {len(raw):,} bytes is over the {self.cfg.max_message_mb:g} MiB limit")
+            try:
+                msg = wire.unpack(raw)
+            except wire.WireError as exc:
+                raise ProtocolError(f"malformed message: {exc}") from None
+            return check(msg) if check is not None else msg
+        except ProtocolError as exc:
+            log.warning("%s: closed the connection: %s", who, exc)
+            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     # -- RPCs --------------------------------------------------------------------------------
     def _info(self, raw: bytes, ctx: Any) -> bytes:
         self._authorize(ctx)
-        try:
-            self._decode(raw)
-        except ProtocolError as exc:
-            self._reject(ctx, f"info call from {ctx.peer()}", str(exc))
+        self._checked(ctx, f"info call from {ctx.peer()}", raw)
         from rlinf_cli import __version__
 
         return wire.pack({"protocol": wire.PROTOCOL, "rlinf": __version__, "simulator": self.label,
@@ -329,13 +328,10 @@ class EnvServer:
         session: Session | None = None
         reserved = 0
         try:
-            try:
-                first = next(requests, None)
-                if first is None:
-                    return
-                session = Session(self._decode(first), self.spec)
-            except ProtocolError as exc:
-                self._reject(ctx, who, str(exc))
+            first = next(requests, None)
+            if first is None:
+                return
+            session = self._checked(ctx, who, first, lambda msg: Session(msg, self.spec))
             with self._lock:
                 if self._sessions >= self.cfg.max_sessions or self._envs + session.num_envs > self.cfg.max_envs:
                     why = (f"server full: {self._sessions} session(s), {self._envs} env(s) open "
@@ -362,14 +358,10 @@ class EnvServer:
                      pid, session.codec.compression)
             yield wire.pack({"ok": {"session": sid, "pid": pid, "envs": session.num_envs}})
             for raw in requests:
-                try:
-                    msg = self._decode(raw)
-                    if isinstance(msg, dict) and msg.get("op") == "close":
-                        yield wire.pack({"ok": None})
-                        return
-                    method, args = session.check_call(msg)
-                except ProtocolError as exc:
-                    self._reject(ctx, who, str(exc))
+                method, args = self._checked(ctx, who, raw, session.check_call)
+                if method == "close":
+                    yield wire.pack({"ok": None})
+                    return
                 try:
                     reply = worker.result(worker.submit(method, *args))
                 except RemoteError as exc:
@@ -410,11 +402,7 @@ class EnvServer:
         expert = self.simulator.expert()
         try:
             for raw in requests:
-                try:
-                    msg = self._decode(raw)
-                    obs, index = self._check_expert_request(msg)
-                except ProtocolError as exc:
-                    self._reject(ctx, who, str(exc))
+                obs, index = self._checked(ctx, who, raw, self._check_expert_request)
                 try:
                     action = np.asarray(expert(obs, index))
                 except Exception as exc:
@@ -463,12 +451,8 @@ def serve_forever(simulator: Simulator, cfg: ServeConfig, label: str) -> None:
     port = server.start()
     print(f"rlinf env server: {label} on {cfg.host}:{port}", flush=True)
     done = threading.Event()
-
-    def stop(*_: Any) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     try:
         while not done.wait(1.0):
             pass

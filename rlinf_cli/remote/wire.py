@@ -44,10 +44,6 @@ class WireError(ValueError):
     """A message that does not decode, or decodes to something the protocol does not allow."""
 
 
-def _array_bytes(a: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(a)).cast("B")
-
-
 def _default(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype == object:  # text entries: the strings themselves (msgpack str), never pickle
@@ -57,7 +53,7 @@ def _default(x: Any) -> Any:
             return _ext(_TEXT, [list(x.shape), values])
         if x.dtype.kind not in "biuf":
             raise TypeError(f"arrays of dtype {x.dtype} cannot cross the wire")
-        return _ext(_ND, [x.dtype.str, list(x.shape), _array_bytes(x)])
+        return _ext(_ND, [x.dtype.str, list(x.shape), memoryview(np.ascontiguousarray(x)).cast("B")])
     if isinstance(x, Reply):
         return _ext(_REPLY, list(x))
     if isinstance(x, Packed):
