@@ -22,7 +22,7 @@ import numpy as np
 from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder, ObsEncoder, Packed
-from rlinf_cli.runtime.vector import SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
+from rlinf_cli.runtime.vector import SeededVecEnv, SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
 
 
 class EnvWorkerError(UserError):
@@ -282,7 +282,7 @@ class WorkerHandle(Protocol):
     def describe(self) -> str: ...
 
 
-class WorkerVecEnv:
+class WorkerVecEnv(SeededVecEnv):
     """A VecEnv whose shards live in workers; also steps pipeline groups asynchronously.
 
     ``step_group_async(g, actions)`` / ``step_group_wait(g)`` let a runner infer the actions of
@@ -293,9 +293,7 @@ class WorkerVecEnv:
     def __init__(self, spec: EnvSpec, num_envs: int, autoreset: bool, shards: list[Shard],
                  handles: list[WorkerHandle], codec: CodecConfig, shm: SharedObs | None = None,
                  max_restarts: int = 3, label: str = "workers"):
-        self.spec = spec
-        self.num_envs = num_envs
-        self.autoreset = autoreset
+        super().__init__(spec, num_envs, autoreset)
         self.shards = shards
         self.handles = handles
         self.shm = shm
@@ -310,9 +308,6 @@ class WorkerVecEnv:
             for j, sid in enumerate(i for i, s in enumerate(shards) if s.worker == w):
                 self._local[sid] = j
         self._decoders = [ObsDecoder(codec) for _ in shards]
-        self._obs = alloc_obs(spec, num_envs)  # last observation of every env (decoded)
-        self._streams: list[int | None] = [None] * num_envs  # seed stream of every env (see vector.py)
-        self._episodes = np.zeros(num_envs, dtype=np.int64)  # episode index within its stream
         self._replay: list[np.ndarray] | None = None  # actions of the restore in progress (a retry needs them)
         self._pending: dict[int, Any] = {}  # shard id -> ticket of its in-flight step
         self._fabricated: dict[int, Reply] = {}  # shard id -> reply standing in for a lost step
@@ -320,11 +315,6 @@ class WorkerVecEnv:
         self._closed = False
 
     # -- VecEnv --------------------------------------------------------------------------
-    def reset(self, seeds: Sequence[int | None]) -> Obs:
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
-        return self.restore(seeds, [0] * self.num_envs, None)
-
     def restore(self, streams: Sequence[int | None], episodes: Sequence[int],
                 actions: Sequence[np.ndarray] | None) -> Obs:
         self._drain()
@@ -341,7 +331,7 @@ class WorkerVecEnv:
             reply = self._wait(sid, ticket, "reset")
             self._store_obs(sid, reply)
         self._replay = None
-        return {k: v.copy() for k, v in self._obs.items()}
+        return self._copy_obs()
 
     def _restore_args(self, s: Shard, next_episode: bool = False) -> tuple[list, list, list | None]:
         episodes = self._episodes[s.lo:s.hi] + (1 if next_episode else 0)
