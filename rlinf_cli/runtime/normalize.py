@@ -24,7 +24,7 @@ algorithm that opts out (``Algorithm.normalize_auto = False``: SAC).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -275,9 +275,7 @@ class Normalizer:
     # -- persistence ---------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """The statistics as arrays (what ``normalizer.safetensors`` holds)."""
-        out: dict[str, np.ndarray] = {"config": np.array([self.config.obs, self.config.reward, self.config.clip_obs,
-                                                          self.config.clip_reward, self.config.gamma, self.config.eps],
-                                                         np.float64)}
+        out: dict[str, np.ndarray] = {"config": np.array(astuple(self.config), np.float64)}
         for k, rms in [*self.obs_rms.items(), ("__return__", self.ret_rms)]:
             out[f"{k}.mean"], out[f"{k}.var"] = rms.mean, rms.var
             out[f"{k}.count"] = np.array([rms.count], np.float64)
@@ -322,8 +320,7 @@ class Normalizer:
         """These statistics, updating again under ``config`` (same keys normalized)."""
         self.frozen = False
         self.returns = np.zeros(num_envs, np.float64)
-        self.config = NormalizeConfig(self.config.obs, self.config.reward, config.clip_obs, config.clip_reward,
-                                      config.gamma, config.eps)
+        self.config = replace(config, obs=self.config.obs, reward=self.config.reward)
         return self
 
 
