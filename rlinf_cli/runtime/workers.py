@@ -303,10 +303,8 @@ class WorkerVecEnv(SeededVecEnv):
         self.num_groups = max(s.group for s in shards) + 1
         self.pipeline_groups = [(min(s.lo for s in shards if s.group == g), max(s.hi for s in shards if s.group == g))
                                 for g in range(self.num_groups)]
-        self._local = {}  # shard id -> index of the shard inside its worker
-        for w in range(len(handles)):
-            for j, sid in enumerate(i for i, s in enumerate(shards) if s.worker == w):
-                self._local[sid] = j
+        # shard id -> index of the shard inside its worker (a worker's shards are numbered in order)
+        self._local = {sid: sum(t.worker == s.worker for t in shards[:sid]) for sid, s in enumerate(shards)}
         self._decoders = [ObsDecoder(codec) for _ in shards]
         self._replay: list[np.ndarray] | None = None  # actions of the restore in progress (a retry needs them)
         self._pending: dict[int, Any] = {}  # shard id -> ticket of its in-flight step
@@ -341,8 +339,7 @@ class WorkerVecEnv(SeededVecEnv):
     def step(self, actions: np.ndarray) -> StepBatch:
         for g, (lo, hi) in enumerate(self.pipeline_groups):
             self.step_group_async(g, actions[lo:hi])
-        parts = [self.step_group_wait(g) for g in range(self.num_groups)]
-        return parts[0] if len(parts) == 1 else _concat(parts)
+        return self._wait_step(range(len(self.shards)), 0, self.num_envs)
 
     def close(self) -> None:
         if self._closed:
@@ -377,6 +374,11 @@ class WorkerVecEnv(SeededVecEnv):
     def step_group_wait(self, g: int) -> StepBatch:
         """Finish group ``g``'s step; the StepBatch covers the group's envs only."""
         lo, hi = self.pipeline_groups[g]
+        return self._wait_step([sid for sid, s in enumerate(self.shards) if s.group == g], lo, hi)
+
+    # -- internals -------------------------------------------------------------------------
+    def _wait_step(self, sids: Sequence[int], lo: int, hi: int) -> StepBatch:
+        """Collect the step replies of shards ``sids``, which cover envs ``lo .. hi - 1``."""
         n = hi - lo
         reward = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
@@ -384,9 +386,8 @@ class WorkerVecEnv(SeededVecEnv):
         success = np.zeros(n, dtype=bool)
         final_obs: Obs | None = None
         stats: dict[str, float] = {}
-        for sid, s in enumerate(self.shards):
-            if s.group != g:
-                continue
+        for sid in sids:
+            s = self.shards[sid]
             ticket = self._pending.pop(sid)
             reply = self._fabricated.pop(sid) if ticket is None else self._wait(sid, ticket, "step")
             a, b = s.lo - lo, s.hi - lo
@@ -407,7 +408,6 @@ class WorkerVecEnv(SeededVecEnv):
         obs = {k: v[lo:hi].copy() for k, v in self._obs.items()}
         return StepBatch(obs, reward, terminated, truncated, success, final_obs, stats)
 
-    # -- internals -------------------------------------------------------------------------
     def _store_obs(self, sid: int, reply: Reply) -> None:
         s = self.shards[sid]
         # numeric entries come through shared memory (reply.obs: None, or the text entries); a
@@ -492,17 +492,3 @@ class WorkerVecEnv(SeededVecEnv):
             return result
         return self._fabricated.pop(sid)
 
-
-def _concat(parts: list[StepBatch]) -> StepBatch:
-    obs = {k: np.concatenate([p.obs[k] for p in parts]) for k in parts[0].obs}
-    final = None
-    if any(p.final_obs is not None for p in parts):
-        final = {}
-        for k in parts[0].obs:
-            final[k] = np.concatenate([p.final_obs[k] if p.final_obs is not None else np.zeros_like(p.obs[k]) for p in parts])
-    stats: dict[str, float] = {}
-    for p in parts:
-        for k, v in p.stats.items():
-            stats[k] = stats.get(k, 0.0) + v
-    return StepBatch(obs, np.concatenate([p.reward for p in parts]), np.concatenate([p.terminated for p in parts]),
-                     np.concatenate([p.truncated for p in parts]), np.concatenate([p.success for p in parts]), final, stats)
