@@ -50,26 +50,24 @@ TEXT_DTYPE = "str"  # text entries (numpy object arrays of strings) travel as UT
 
 
 class _Compressor:
+    """``compress(array) -> bytes`` and ``decompress(data, nbytes) -> bytes`` of one codec."""
+
     def __init__(self, name: str, level: int):
-        self.name = name
         if name == "lz4":
             import lz4.block
 
             self._c = lambda b: lz4.block.compress(b, store_size=False)
-            self._d = lambda b, n: lz4.block.decompress(b, uncompressed_size=n)
+            self.decompress = lambda b, n: lz4.block.decompress(b, uncompressed_size=n)
         elif name == "zstd":
             import zstandard
 
             comp = zstandard.ZstdCompressor(level=level)
             decomp = zstandard.ZstdDecompressor()
             self._c = comp.compress
-            self._d = lambda b, n: decomp.decompress(b, max_output_size=n)
+            self.decompress = lambda b, n: decomp.decompress(b, max_output_size=n)
 
     def compress(self, arr: np.ndarray) -> bytes:
         return self._c(memoryview(np.ascontiguousarray(arr)).cast("B"))
-
-    def decompress(self, data: bytes, nbytes: int) -> bytes:
-        return self._d(data, nbytes)
 
 
 class ObsEncoder:
@@ -137,21 +135,17 @@ class ObsDecoder:
         t0 = time.perf_counter()
         result: dict[str, np.ndarray] = {}
         for key, p in packed.items():
+            dtype = np.dtype(object if p.dtype == TEXT_DTYPE else p.dtype)
+            dst = result[key] = out[key] if out is not None else np.empty(p.shape, dtype=dtype)
             if p.dtype == TEXT_DTYPE:
                 data = self._comp.decompress(p.data, p.nbytes) if self._comp is not None else p.data
-                arr = np.empty(p.shape, dtype=object)
-                arr[...] = np.array(json.loads(bytes(data)), dtype=object).reshape(p.shape)
-                if out is not None:
-                    out[key][...] = arr
-                result[key] = out[key] if out is not None else arr
+                dst[...] = np.array(json.loads(bytes(data)), dtype=object).reshape(p.shape)
                 continue
-            dtype = np.dtype(p.dtype)
             if self._comp is not None:
                 nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize
                 arr = np.frombuffer(self._comp.decompress(p.data, nbytes), dtype=dtype).reshape(p.shape)
             else:
                 arr = np.asarray(p.data)
-            dst = out[key] if out is not None else np.empty(p.shape, dtype=dtype)
             if p.delta:
                 prev = self._prev.get(key)
                 if prev is None:
@@ -165,5 +159,4 @@ class ObsDecoder:
                     self._prev[key] = dst.copy()
                 else:
                     np.copyto(prev, dst)
-            result[key] = dst
         return result, time.perf_counter() - t0
