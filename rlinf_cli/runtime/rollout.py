@@ -279,8 +279,9 @@ class _StepBuffers:
     """Preallocated [T, N] tensors a rollout is written into."""
 
     def __init__(self, spec: EnvSpec, num_steps: int, n: int, dev: torch.device):
+        # torch names its dtypes as numpy does ("float32", "uint8", "bool", ...)
         self.obs = {k: np.full((num_steps, n), "", dtype=object) if s.is_text else
-                    torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
+                    torch.zeros((num_steps, n, *s.shape), dtype=getattr(torch, s.dtype), device=dev)
                     for k, s in spec.observation.items()}
         act_dtype = torch.int64 if spec.discrete else torch.float32
         self.actions = torch.zeros((num_steps, n, *spec.action.shape), dtype=act_dtype, device=dev)
@@ -408,8 +409,3 @@ class EpisodeRecorder:
             env_steps=int(mask.sum().item()),
             stats=dict(self.stats),
         )
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8, "int64": torch.int64,
-            "int32": torch.int32, "bool": torch.bool, "float16": torch.float16}[name]
