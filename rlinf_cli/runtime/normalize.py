@@ -250,11 +250,8 @@ class Normalizer:
 
     def track_ranks(self) -> None:
         """Keep what this rank adds from now on apart, for :meth:`sync` (torchrun)."""
-        self._synced = self._all()
+        self._synced = {**{k: v.copy() for k, v in self.obs_rms.items()}, "__return__": self.ret_rms.copy()}
         self._delta = {}
-
-    def _all(self) -> dict[str, RunningMeanStd]:
-        return {**{k: v.copy() for k, v in self.obs_rms.items()}, "__return__": self.ret_rms.copy()}
 
     def sync(self, gather: Callable[[Any], list[Any]] | None = None) -> None:
         """Merge every rank's new data, in rank order, into the statistics all ranks agreed on
