@@ -91,8 +91,7 @@ class OverlappedRunner:
         # not a daemon: its executor may start env workers of its own
         self.proc = ctx.Process(target=_rollout_main, daemon=False, name="rlinf-rollout", args=(
             child, pickle.dumps(simulator), type(policy), dict(policy.config), policy.env_spec.to_dict(), self.weights,
-            num_envs,
-            seed, executor))
+            num_envs, seed, executor))
         self.proc.start()
         child.close()
         self._pending = False
