@@ -30,11 +30,8 @@ from rlinf_cli.runtime.vector import ReplayError, SeededVecEnv, alloc_obs
 
 def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
     """A numpy view (CPU) or copy (accelerator) of a batch entry; torch is never imported here."""
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        x = x.numpy()
+    if hasattr(x, "detach"):  # a torch tensor (.cpu() of a CPU tensor is the tensor itself)
+        x = x.detach().cpu().numpy()
     a = np.asarray(x)
     return a if dtype is None or a.dtype == dtype else a.astype(dtype)
 
