@@ -488,7 +488,5 @@ class WorkerVecEnv(SeededVecEnv):
             if i != sid and self._pending.get(i) is not None:
                 self._pending[i] = None  # its reply was lost with the worker
             self._fabricated[i] = fabricated
-        if result is not None:
-            return result
-        return self._fabricated.pop(sid)
+        return result if result is not None else self._fabricated.pop(sid)
 
