@@ -1,10 +1,9 @@
 """Rollouts: a policy driving a vectorised env.
 
-Two shapes of experience:
+Two shapes of experience, both come out as an :class:`~rlinf_cli.experience.Experience`:
 
 - :meth:`Runner.collect_steps`: T steps from continuing, auto-resetting envs (PPO). Truncated
   episodes are bootstrapped with the value of their final observation.
-Both come out as an :class:`~rlinf_cli.experience.Experience`.
 - :func:`run_episodes`: one whole episode per env from given seeds, envs not auto-reset
   (GRPO groups, evaluation, dataset collection). A recorder sees every step.
 """
@@ -130,15 +129,13 @@ class Runner:
         if len(state["streams"]) != n:
             raise ValueError(f"the saved env state has {len(state['streams'])} envs, this run {n}")
         lengths = state["action_lengths"]
-        episodes = state["episodes"].copy()
         fresh = lengths < 0  # an env past MAX_REPLAY_STEPS: starts its next episode instead
-        episodes[fresh] += 1
+        episodes = state["episodes"] + fresh
         logs = [state["actions"][i, :max(int(lengths[i]), 0)] for i in range(n)]
         self.obs = self.env.restore([int(x) for x in state["streams"]], [int(k) for k in episodes], logs)
         self.streams[:] = state["streams"]
         self.episodes[:] = episodes
         self._actions = [[a.copy()] if len(a) else [] for a in logs]
-        self.tracker = EpisodeTracker(n)
         self.tracker.load(state)
         self.tracker.length[fresh] = 0
         self.tracker.ret[fresh] = 0.0
@@ -188,9 +185,8 @@ class Runner:
         last_value = policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if policy.has_critic \
             else torch.zeros(n, device=dev)
         stats = buf.stats
-        steps = float(num_steps)
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
-            stats[key + "_per_step"] = stats[key] / steps
+            stats[key + "_per_step"] = stats[key] / num_steps
         return Experience(buf.obs, buf.actions, buf.logprobs, buf.values, buf.rewards, buf.dones, buf.trunc_values,
                           torch.ones((num_steps, n), device=dev), last_value, episodes=buf.episodes,
                           env_steps=num_steps * n, stats=stats)
