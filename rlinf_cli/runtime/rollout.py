@@ -64,12 +64,11 @@ class EpisodeTracker:
         ret += sb.reward
         length += 1
         success |= sb.success
-        finished = []
-        for i in np.flatnonzero(sb.terminated | sb.truncated):
-            finished.append(EpisodeStats(float(ret[i]), int(length[i]), bool(success[i]), bool(sb.success[i])))
-            ret[i] = 0.0
-            length[i] = 0
-            success[i] = False
+        ended = np.flatnonzero(sb.terminated | sb.truncated)
+        finished = [EpisodeStats(float(ret[i]), int(length[i]), bool(success[i]), bool(sb.success[i])) for i in ended]
+        ret[ended] = 0.0
+        length[ended] = 0
+        success[ended] = False
         return finished
 
 
@@ -181,8 +180,7 @@ class Runner:
         else:
             self._collect_sync(num_steps, buf)
         self._log_actions(buf.actions, buf.dones)
-        policy = self.policy
-        last_value = policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if policy.has_critic \
+        last_value = self.policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if self.policy.has_critic \
             else torch.zeros(n, device=dev)
         stats = buf.stats
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
@@ -388,12 +386,11 @@ class EpisodeRecorder:
                else torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
         rewards = torch.from_numpy(np.stack(self.rewards)).to(dev)
         mask = torch.from_numpy(np.stack(self.mask)).to(dev)
-        values = torch.stack(self.values).to(dev)
         return Experience(
             obs=obs,
             actions=torch.stack(self.actions).to(dev),
             logprobs=torch.stack(self.logprobs).to(dev),
-            values=values,
+            values=torch.stack(self.values).to(dev),
             rewards=rewards,
             dones=torch.from_numpy(np.stack(self.dones)).to(dev),
             trunc_values=torch.zeros_like(rewards),
