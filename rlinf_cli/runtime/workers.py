@@ -217,11 +217,10 @@ class EnvWorker:
     def _emit(self, i: int, obs: Obs, keyframe: bool) -> tuple[dict[str, Packed] | None, dict[str, float]]:
         if self.shm is not None:
             lo, hi = self.shards[i]
-            nbytes = 0
             for key, arr in self.shm.arrays.items():
                 arr[lo:hi] = obs[key]
-                nbytes += obs[key].nbytes
-            stats = {"transport/obs_bytes_raw": float(nbytes), "transport/obs_bytes": float(nbytes)}
+            nbytes = float(sum(obs[key].nbytes for key in self.shm.arrays))
+            stats = {"transport/obs_bytes_raw": nbytes, "transport/obs_bytes": nbytes}
             text = {k: v for k, v in obs.items() if k not in self.shm.arrays}
             if not text:
                 return None, stats
