@@ -77,7 +77,6 @@ class ObsEncoder:
         self.cfg = cfg
         self._comp = _Compressor(cfg.compression, cfg.level) if cfg.compression != "none" else None
         self._prev: dict[str, np.ndarray] = {}
-        self._scratch: dict[str, np.ndarray] = {}
 
     def encode(self, obs: dict[str, np.ndarray], keyframe: bool = False) -> tuple[dict[str, Packed], dict[str, float]]:
         t0 = time.perf_counter()
@@ -91,27 +90,22 @@ class ObsEncoder:
                 out[key] = Packed(tuple(arr.shape), TEXT_DTYPE, False, data, len(text))
                 continue
             raw += arr.nbytes
-            use_delta = self.cfg.delta and arr.dtype == np.uint8 and not keyframe and key in self._prev \
-                and self._prev[key].shape == arr.shape
-            payload = arr
-            if use_delta:
-                scratch = self._scratch.get(key)
-                if scratch is None or scratch.shape != arr.shape:
-                    scratch = self._scratch[key] = np.empty_like(arr)
-                np.bitwise_xor(arr, self._prev[key], out=scratch)
-                payload = scratch
-            if self.cfg.delta and arr.dtype == np.uint8:
-                prev = self._prev.get(key)
-                if prev is None or prev.shape != arr.shape:
-                    self._prev[key] = arr.copy()
-                else:
-                    np.copyto(prev, arr)
+            keep = self.cfg.delta and arr.dtype == np.uint8
+            prev = self._prev.get(key) if keep else None
+            use_delta = prev is not None and not keyframe and prev.shape == arr.shape
+            # the delta is computed in the previous frame's buffer, which then takes this frame
+            payload = np.bitwise_xor(arr, prev, out=prev) if use_delta else arr
             if self._comp is not None:
                 data: Any = self._comp.compress(payload)
                 sent += len(data)
             else:
-                data = payload.copy() if payload is not arr else arr
+                data = payload.copy() if use_delta else arr
                 sent += arr.nbytes
+            if keep:
+                if prev is None or prev.shape != arr.shape:
+                    self._prev[key] = arr.copy()
+                else:
+                    np.copyto(prev, arr)
             out[key] = Packed(tuple(arr.shape), arr.dtype.str, use_delta, data)
         stats = {"transport/obs_bytes_raw": float(raw), "transport/obs_bytes": float(sent),
                  "transport/encode_s": time.perf_counter() - t0}
