@@ -50,13 +50,10 @@ def write_obs(dst: Obs, i: int, obs: Obs) -> None:
 
 
 class SeededVecEnv:
-    """What the VecEnvs of the runtime share: the last observation of every env, each env's seed
-    stream and episode index, and ``reset(seeds)`` as a :meth:`restore` of episode 0 of each stream.
-
-    ``restore`` calls ``_restore(seeds, actions)``, which a subclass implements (unless it overrides
-    ``restore``): env i starts an episode with ``reset(seed=seeds[i])``, replays ``actions[i]`` and
-    writes its observation to ``_obs``.
-    """
+    """What the runtime's VecEnvs share: last observations, each env's seed stream and episode index,
+    and ``reset(seeds)`` as a :meth:`restore` of episode 0. ``restore`` calls the subclass's
+    ``_restore(seeds, actions)``: env i starts with ``reset(seed=seeds[i])``, replays ``actions[i]``
+    and writes its observation to ``_obs`` (WorkerVecEnv overrides ``restore`` instead)."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, autoreset: bool):
         self.spec = spec
