@@ -25,36 +25,27 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlinf_cli.api import BatchedEnv, EnvSpec, Obs, StepBatch
-from rlinf_cli.runtime.vector import ReplayError, alloc_obs, episode_seed
+from rlinf_cli.runtime.vector import ReplayError, SeededVecEnv, alloc_obs
 
 
 def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
     """A numpy view (CPU) or copy (accelerator) of a batch entry; torch is never imported here."""
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        x = x.numpy()
+    if hasattr(x, "detach"):  # a torch tensor (.cpu() of a CPU tensor is the tensor itself)
+        x = x.detach().cpu().numpy()
     a = np.asarray(x)
     return a if dtype is None or a.dtype == dtype else a.astype(dtype)
 
 
-class BatchedVecEnv:
+class BatchedVecEnv(SeededVecEnv):
     """A :class:`~rlinf_cli.api.VecEnv` over one :class:`~rlinf_cli.api.BatchedEnv`."""
 
     def __init__(self, spec: EnvSpec, env: BatchedEnv, autoreset: bool = True, indices: Sequence[int] | None = None):
-        self.spec = spec
+        super().__init__(spec, int(env.num_envs), autoreset)
         self.env = env
-        self.num_envs = int(env.num_envs)
         self.indices = list(indices) if indices is not None else list(range(self.num_envs))
         if len(self.indices) != self.num_envs:
             raise ValueError(f"the batched env has {self.num_envs} envs, {len(self.indices)} were asked for")
-        self.autoreset = autoreset
         self._dtypes = {k: (None if s.is_text else np.dtype(s.dtype)) for k, s in spec.observation.items()}
-        self._obs = alloc_obs(spec, self.num_envs)
-        self._done = np.zeros(self.num_envs, dtype=bool)  # autoreset=False: finished, hidden until reset
-        self._streams: list[int | None] = [None] * self.num_envs
-        self._episodes = np.zeros(self.num_envs, dtype=np.int64)
 
     def _store(self, obs: Mapping[str, Any], rows: np.ndarray | None = None) -> None:
         missing = [k for k in self._obs if k not in obs]
@@ -70,24 +61,11 @@ class BatchedVecEnv:
             else:
                 buf[rows] = a[rows]
 
-    def reset(self, seeds: Sequence[int | None]) -> Obs:
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
-        return self.restore(seeds, [0] * self.num_envs, None)
-
-    def restore(self, streams: Sequence[int | None], episodes: Sequence[int],
-                actions: Sequence[np.ndarray] | None) -> Obs:
-        if len(streams) != self.num_envs or len(episodes) != self.num_envs:
-            raise ValueError(f"restore needs {self.num_envs} streams and episode indices")
+    def _restore(self, seeds: list[int | None], actions: Sequence[np.ndarray] | None) -> None:
         if actions is not None and any(len(a) for a in actions):
             raise ReplayError("a batched simulator cannot replay episodes (its engine reseeds its own resets): its "
                               "spec should say replayable=False; resumed runs then start fresh episodes")
-        seeds = [None if s is None else episode_seed(int(s), int(k)) for s, k in zip(streams, episodes)]
         self._store(self.env.reset(seeds))
-        self._streams = [None if s is None else int(s) for s in streams]
-        self._episodes[:] = episodes
-        self._done[:] = False
-        return {k: v.copy() for k, v in self._obs.items()}
 
     def step(self, actions: np.ndarray) -> StepBatch:
         n = self.num_envs
@@ -124,7 +102,7 @@ class BatchedVecEnv:
             if fin is not None:
                 self._store(fin, np.flatnonzero(ended))
             self._done |= ended
-        return StepBatch({k: v.copy() for k, v in self._obs.items()}, reward, terminated, truncated, success, final_obs)
+        return StepBatch(self._copy_obs(), reward, terminated, truncated, success, final_obs)
 
     def close(self) -> None:
         self.env.close()

@@ -108,15 +108,6 @@ def chunk_targets(actions: np.ndarray, episode: np.ndarray, k: int) -> np.ndarra
     that follow it in its episode (rows of an episode are consecutive, in time order), the
     episode's last action repeated past its end."""
     n = len(actions)
-    idx = np.arange(n)[:, None] + np.arange(k)[None, :]
-    idx = np.minimum(idx, n - 1)
-    # past the episode's end: its last row
-    ends = np.empty(n, dtype=np.int64)
-    if n:
-        change = np.flatnonzero(np.diff(episode) != 0)
-        last_of = np.append(change, n - 1)  # index of each episode's last row
-        starts = np.insert(change + 1, 0, 0)
-        for s, e in zip(starts, last_of):
-            ends[s:e + 1] = e
-    idx = np.minimum(idx, ends[:, None])
-    return actions[idx]
+    last_of = np.append(np.flatnonzero(np.diff(episode) != 0), n - 1)  # index of each episode's last row
+    ends = last_of[np.searchsorted(last_of, np.arange(n))]  # the last row of each row's episode
+    return actions[np.minimum(np.arange(n)[:, None] + np.arange(k)[None, :], ends[:, None])]

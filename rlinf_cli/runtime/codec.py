@@ -50,26 +50,24 @@ TEXT_DTYPE = "str"  # text entries (numpy object arrays of strings) travel as UT
 
 
 class _Compressor:
+    """``compress(array) -> bytes`` and ``decompress(data, nbytes) -> bytes`` of one codec."""
+
     def __init__(self, name: str, level: int):
-        self.name = name
         if name == "lz4":
             import lz4.block
 
             self._c = lambda b: lz4.block.compress(b, store_size=False)
-            self._d = lambda b, n: lz4.block.decompress(b, uncompressed_size=n)
+            self.decompress = lambda b, n: lz4.block.decompress(b, uncompressed_size=n)
         elif name == "zstd":
             import zstandard
 
             comp = zstandard.ZstdCompressor(level=level)
             decomp = zstandard.ZstdDecompressor()
             self._c = comp.compress
-            self._d = lambda b, n: decomp.decompress(b, max_output_size=n)
+            self.decompress = lambda b, n: decomp.decompress(b, max_output_size=n)
 
     def compress(self, arr: np.ndarray) -> bytes:
         return self._c(memoryview(np.ascontiguousarray(arr)).cast("B"))
-
-    def decompress(self, data: bytes, nbytes: int) -> bytes:
-        return self._d(data, nbytes)
 
 
 class ObsEncoder:
@@ -79,7 +77,6 @@ class ObsEncoder:
         self.cfg = cfg
         self._comp = _Compressor(cfg.compression, cfg.level) if cfg.compression != "none" else None
         self._prev: dict[str, np.ndarray] = {}
-        self._scratch: dict[str, np.ndarray] = {}
 
     def encode(self, obs: dict[str, np.ndarray], keyframe: bool = False) -> tuple[dict[str, Packed], dict[str, float]]:
         t0 = time.perf_counter()
@@ -93,27 +90,22 @@ class ObsEncoder:
                 out[key] = Packed(tuple(arr.shape), TEXT_DTYPE, False, data, len(text))
                 continue
             raw += arr.nbytes
-            use_delta = self.cfg.delta and arr.dtype == np.uint8 and not keyframe and key in self._prev \
-                and self._prev[key].shape == arr.shape
-            payload = arr
-            if use_delta:
-                scratch = self._scratch.get(key)
-                if scratch is None or scratch.shape != arr.shape:
-                    scratch = self._scratch[key] = np.empty_like(arr)
-                np.bitwise_xor(arr, self._prev[key], out=scratch)
-                payload = scratch
-            if self.cfg.delta and arr.dtype == np.uint8:
-                prev = self._prev.get(key)
-                if prev is None or prev.shape != arr.shape:
-                    self._prev[key] = arr.copy()
-                else:
-                    np.copyto(prev, arr)
+            keep = self.cfg.delta and arr.dtype == np.uint8
+            prev = self._prev.get(key) if keep else None
+            use_delta = prev is not None and not keyframe and prev.shape == arr.shape
+            # the delta is computed in the previous frame's buffer, which then takes this frame
+            payload = np.bitwise_xor(arr, prev, out=prev) if use_delta else arr
             if self._comp is not None:
                 data: Any = self._comp.compress(payload)
                 sent += len(data)
             else:
-                data = payload.copy() if payload is not arr else arr
+                data = payload.copy() if use_delta else arr
                 sent += arr.nbytes
+            if keep:
+                if prev is None or prev.shape != arr.shape:
+                    self._prev[key] = arr.copy()
+                else:
+                    np.copyto(prev, arr)
             out[key] = Packed(tuple(arr.shape), arr.dtype.str, use_delta, data)
         stats = {"transport/obs_bytes_raw": float(raw), "transport/obs_bytes": float(sent),
                  "transport/encode_s": time.perf_counter() - t0}
@@ -137,21 +129,17 @@ class ObsDecoder:
         t0 = time.perf_counter()
         result: dict[str, np.ndarray] = {}
         for key, p in packed.items():
+            dtype = np.dtype(object if p.dtype == TEXT_DTYPE else p.dtype)
+            dst = result[key] = out[key] if out is not None else np.empty(p.shape, dtype=dtype)
             if p.dtype == TEXT_DTYPE:
                 data = self._comp.decompress(p.data, p.nbytes) if self._comp is not None else p.data
-                arr = np.empty(p.shape, dtype=object)
-                arr[...] = np.array(json.loads(bytes(data)), dtype=object).reshape(p.shape)
-                if out is not None:
-                    out[key][...] = arr
-                result[key] = out[key] if out is not None else arr
+                dst[...] = np.array(json.loads(bytes(data)), dtype=object).reshape(p.shape)
                 continue
-            dtype = np.dtype(p.dtype)
             if self._comp is not None:
                 nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize
                 arr = np.frombuffer(self._comp.decompress(p.data, nbytes), dtype=dtype).reshape(p.shape)
             else:
                 arr = np.asarray(p.data)
-            dst = out[key] if out is not None else np.empty(p.shape, dtype=dtype)
             if p.delta:
                 prev = self._prev.get(key)
                 if prev is None:
@@ -165,5 +153,4 @@ class ObsDecoder:
                     self._prev[key] = dst.copy()
                 else:
                     np.copyto(prev, dst)
-            result[key] = dst
         return result, time.perf_counter() - t0

@@ -13,18 +13,15 @@ every rank's new data in a fixed rank order at the end of each rollout, so all r
 same statistics afterwards. They are saved with every `rl` checkpoint (``normalizer.safetensors``)
 and used, frozen, wherever a checkpoint acts (`eval`, `collect`, `rl` evaluations, `rl init=`).
 
-Both switches default to ``auto`` (:func:`resolve`): on where the simulator recommends it (its
-optional ``normalize_default`` attribute; the gymnasium plugin sets it for state-based continuous
-control, where it is what makes MuJoCo locomotion learn like Stable-Baselines3's ``VecNormalize``
-runs), off otherwise, and always what a checkpoint the run starts from was trained with: off for a
-cloned policy (``init=`` an `sft` checkpoint expects raw observations) or a resumed run without
-statistics, off with ``runtime.overlap_update`` (which cannot share them) and off for an
-algorithm that opts out (``Algorithm.normalize_auto = False``: SAC).
+Both switches default to ``auto``, which :func:`resolve` decides: on where the simulator recommends
+it (the gymnasium plugin does for state-based continuous control, where it makes MuJoCo locomotion
+learn like Stable-Baselines3's ``VecNormalize`` runs), unless the checkpoint the run starts from,
+``runtime.overlap_update`` or the algorithm (SAC) says otherwise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -188,8 +185,7 @@ class Normalizer:
             return obs
         if update and not self.frozen:
             for k in self.keys:
-                self.obs_rms[k].update(obs[k])
-                self._delta_of(k).update(obs[k])
+                self._update(k, obs[k])
         out = dict(obs)
         c = self.config.clip_obs
         for k in self.keys:
@@ -206,8 +202,7 @@ class Normalizer:
         hi = lo + len(reward)
         if not self.frozen:
             ret = self.returns[lo:hi] * self.config.gamma + reward
-            self.ret_rms.update(ret)
-            self._delta_of("__return__").update(ret)
+            self._update("__return__", ret)
             self.returns[lo:hi] = np.where(done, 0.0, ret)
         return self.scale_rewards(reward)
 
@@ -239,22 +234,21 @@ class Normalizer:
 
         return normalized
 
+    def _update(self, key: str, x: np.ndarray) -> None:
+        """Take ``x`` into the statistics of ``key`` and, under torchrun, into what this rank added since."""
+        rms = self.ret_rms if key == "__return__" else self.obs_rms[key]
+        rms.update(x)
+        if self._synced is not None:
+            if key not in self._delta:
+                self._delta[key] = RunningMeanStd(rms.mean.shape, 0)
+            self._delta[key].update(x)
+
     # -- ranks ---------------------------------------------------------------------------------
-    def _delta_of(self, key: str) -> RunningMeanStd:
-        if self._synced is None:
-            return _NULL
-        if key not in self._delta:
-            shape = self.ret_rms.mean.shape if key == "__return__" else self.obs_rms[key].mean.shape
-            self._delta[key] = RunningMeanStd(shape, 0)
-        return self._delta[key]
 
     def track_ranks(self) -> None:
         """Keep what this rank adds from now on apart, for :meth:`sync` (torchrun)."""
-        self._synced = self._all()
+        self._synced = {**{k: v.copy() for k, v in self.obs_rms.items()}, "__return__": self.ret_rms.copy()}
         self._delta = {}
-
-    def _all(self) -> dict[str, RunningMeanStd]:
-        return {**{k: v.copy() for k, v in self.obs_rms.items()}, "__return__": self.ret_rms.copy()}
 
     def sync(self, gather: Callable[[Any], list[Any]] | None = None) -> None:
         """Merge every rank's new data, in rank order, into the statistics all ranks agreed on
@@ -275,9 +269,7 @@ class Normalizer:
     # -- persistence ---------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """The statistics as arrays (what ``normalizer.safetensors`` holds)."""
-        out: dict[str, np.ndarray] = {"config": np.array([self.config.obs, self.config.reward, self.config.clip_obs,
-                                                          self.config.clip_reward, self.config.gamma, self.config.eps],
-                                                         np.float64)}
+        out: dict[str, np.ndarray] = {"config": np.array(astuple(self.config), np.float64)}
         for k, rms in [*self.obs_rms.items(), ("__return__", self.ret_rms)]:
             out[f"{k}.mean"], out[f"{k}.var"] = rms.mean, rms.var
             out[f"{k}.count"] = np.array([rms.count], np.float64)
@@ -322,17 +314,8 @@ class Normalizer:
         """These statistics, updating again under ``config`` (same keys normalized)."""
         self.frozen = False
         self.returns = np.zeros(num_envs, np.float64)
-        self.config = NormalizeConfig(self.config.obs, self.config.reward, config.clip_obs, config.clip_reward,
-                                      config.gamma, config.eps)
+        self.config = replace(config, obs=self.config.obs, reward=self.config.reward)
         return self
-
-
-class _NullRMS(RunningMeanStd):
-    def update(self, x: np.ndarray) -> None:  # one process: no per-rank bookkeeping
-        pass
-
-
-_NULL = _NullRMS((), 0)
 
 
 def _all_gather(obj: Any) -> list[Any]:

@@ -28,23 +28,21 @@ def _rollout_main(conn: Any, sim_bytes: bytes, policy_cls: type, model_cfg: dict
     torch.set_num_threads(1)
     try:
         from rlinf_cli.api import EnvSpec
+        from rlinf_cli.runtime.placement import runtime_config
         from rlinf_cli.runtime.rollout import Runner
+        from rlinf_cli.runtime.vector import SyncVecEnv
+        from rlinf_cli.runtime.workers import hosted_vec_env
 
         torch.manual_seed(seed)
         simulator = pickle.loads(sim_bytes)
         policy = policy_cls(model_cfg, EnvSpec.from_dict(spec))  # the driver's class: no second plugin lookup
         policy.eval()
-        from rlinf_cli.runtime.placement import runtime_config
-        from rlinf_cli.runtime.workers import hosted_vec_env
-
         if executor is not None:
             executor_cls, executor_cfg = executor  # the driver's executor class and settings
             env = executor_cls(executor_cfg).make_vec_env(simulator, num_envs, True)
         elif (hosted := hosted_vec_env(simulator, runtime_config(None), num_envs, True, "overlapped rollouts")) is not None:
             env = hosted  # sim=remote: sessions on its servers, not one remote env per instance
         else:
-            from rlinf_cli.runtime.vector import SyncVecEnv
-
             env = SyncVecEnv(simulator, range(num_envs), autoreset=True)
         runner = Runner(env, policy)
     except BaseException:
@@ -91,8 +89,7 @@ class OverlappedRunner:
         # not a daemon: its executor may start env workers of its own
         self.proc = ctx.Process(target=_rollout_main, daemon=False, name="rlinf-rollout", args=(
             child, pickle.dumps(simulator), type(policy), dict(policy.config), policy.env_spec.to_dict(), self.weights,
-            num_envs,
-            seed, executor))
+            num_envs, seed, executor))
         self.proc.start()
         child.close()
         self._pending = False

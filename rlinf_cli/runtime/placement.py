@@ -117,7 +117,8 @@ def probe_sim(simulator: Any, num_envs: int, seconds: float = 0.5, max_envs: int
     env = SyncVecEnv(simulator, range(n), autoreset=True)
     try:
         env.reset(list(range(n)))
-        actions = _zero_actions(simulator.spec, n)
+        spec = simulator.spec  # a discrete action has shape ()
+        actions = np.zeros((n, *spec.action.shape), dtype=np.int64 if spec.discrete else np.float32)
         env.step(actions)  # first step can pay for lazy initialisation (renderers)
         steps, t0 = 0, time.perf_counter()
         while steps < 3 or (time.perf_counter() - t0 < seconds and steps < 500):
@@ -147,12 +148,6 @@ def time_inference(act: Callable[[dict[str, Any]], Any], spec: Any, num_envs: in
     finally:
         torch.set_rng_state(state)
     return float(np.median(times))
-
-
-def _zero_actions(spec: Any, n: int) -> np.ndarray:
-    if spec.discrete:
-        return np.zeros(n, dtype=np.int64)
-    return np.zeros((n, *spec.action.shape), dtype=np.float32)
 
 
 def resolve(cfg: RuntimeConfig, simulator: Any, num_envs: int) -> tuple[RuntimeConfig, Choice | None]:

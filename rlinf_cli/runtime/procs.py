@@ -17,7 +17,7 @@ import pickle
 import sys
 import time
 import traceback
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -38,37 +38,29 @@ class _Nd(tuple):
     """Marker for an array sent as (bytes, dtype, shape)."""
 
 
-def _out(x: Any) -> Any:
-    if type(x) is np.ndarray:  # text entries (object arrays of str) pickle as they are
-        return x if x.dtype == object else _Nd((x.tobytes(), x.dtype.str, x.shape))
-    if type(x) is Packed:
-        return x._replace(data=_out(x.data))
-    if type(x) is dict:
-        return {k: _out(v) for k, v in x.items()}
-    if type(x) in (tuple, list, Reply):
-        return type(x)(*map(_out, x)) if type(x) is Reply else type(x)(map(_out, x))
-    return x
-
-
-def _in(x: Any) -> Any:
-    if type(x) is _Nd:
-        data, dtype, shape = x
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
-    if type(x) is Packed:
-        return x._replace(data=_in(x.data))
-    if type(x) is dict:
-        return {k: _in(v) for k, v in x.items()}
-    if type(x) in (tuple, list, Reply):
-        return type(x)(*map(_in, x)) if type(x) is Reply else type(x)(map(_in, x))
+def _convert(x: Any, kind: type, leaf: Callable[[Any], Any]) -> Any:
+    """``x`` with ``leaf`` applied to each ``kind`` inside it (in Packed entries, dicts, tuples, lists, Replies)."""
+    t = type(x)
+    if t is kind:
+        return leaf(x)
+    if t is Packed:
+        return x._replace(data=_convert(x.data, kind, leaf))
+    if t is dict:
+        return {k: _convert(v, kind, leaf) for k, v in x.items()}
+    if t in (tuple, list, Reply):
+        items = [_convert(v, kind, leaf) for v in x]
+        return Reply(*items) if t is Reply else t(items)
     return x
 
 
 def _send(conn: Any, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(_out(obj), protocol=pickle.HIGHEST_PROTOCOL))
+    # text entries (object arrays of str) pickle as they are
+    out = _convert(obj, np.ndarray, lambda a: a if a.dtype == object else _Nd((a.tobytes(), a.dtype.str, a.shape)))
+    conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _recv(conn: Any) -> Any:
-    return _in(pickle.loads(conn.recv_bytes()))
+    return _convert(pickle.loads(conn.recv_bytes()), _Nd, lambda a: np.frombuffer(a[0], dtype=a[1]).reshape(a[2]))
 
 
 def worker_main(conn: Any, sim_bytes: bytes, shards: list[tuple[int, int]], autoreset: bool, codec: CodecConfig,

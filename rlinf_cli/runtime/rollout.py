@@ -1,10 +1,9 @@
 """Rollouts: a policy driving a vectorised env.
 
-Two shapes of experience:
+Two shapes of experience, both come out as an :class:`~rlinf_cli.experience.Experience`:
 
 - :meth:`Runner.collect_steps`: T steps from continuing, auto-resetting envs (PPO). Truncated
   episodes are bootstrapped with the value of their final observation.
-Both come out as an :class:`~rlinf_cli.experience.Experience`.
 - :func:`run_episodes`: one whole episode per env from given seeds, envs not auto-reset
   (GRPO groups, evaluation, dataset collection). A recorder sees every step.
 """
@@ -65,12 +64,11 @@ class EpisodeTracker:
         ret += sb.reward
         length += 1
         success |= sb.success
-        finished = []
-        for i in np.flatnonzero(sb.terminated | sb.truncated):
-            finished.append(EpisodeStats(float(ret[i]), int(length[i]), bool(success[i]), bool(sb.success[i])))
-            ret[i] = 0.0
-            length[i] = 0
-            success[i] = False
+        ended = np.flatnonzero(sb.terminated | sb.truncated)
+        finished = [EpisodeStats(float(ret[i]), int(length[i]), bool(success[i]), bool(sb.success[i])) for i in ended]
+        ret[ended] = 0.0
+        length[ended] = 0
+        success[ended] = False
         return finished
 
 
@@ -130,15 +128,13 @@ class Runner:
         if len(state["streams"]) != n:
             raise ValueError(f"the saved env state has {len(state['streams'])} envs, this run {n}")
         lengths = state["action_lengths"]
-        episodes = state["episodes"].copy()
         fresh = lengths < 0  # an env past MAX_REPLAY_STEPS: starts its next episode instead
-        episodes[fresh] += 1
+        episodes = state["episodes"] + fresh
         logs = [state["actions"][i, :max(int(lengths[i]), 0)] for i in range(n)]
         self.obs = self.env.restore([int(x) for x in state["streams"]], [int(k) for k in episodes], logs)
         self.streams[:] = state["streams"]
         self.episodes[:] = episodes
         self._actions = [[a.copy()] if len(a) else [] for a in logs]
-        self.tracker = EpisodeTracker(n)
         self.tracker.load(state)
         self.tracker.length[fresh] = 0
         self.tracker.ret[fresh] = 0.0
@@ -184,13 +180,11 @@ class Runner:
         else:
             self._collect_sync(num_steps, buf)
         self._log_actions(buf.actions, buf.dones)
-        policy = self.policy
-        last_value = policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if policy.has_critic \
+        last_value = self.policy.get_value(obs_to_torch(self._seen(self.obs), dev)) if self.policy.has_critic \
             else torch.zeros(n, device=dev)
         stats = buf.stats
-        steps = float(num_steps)
         for key in [k for k in stats if k.startswith("transport/obs_bytes")]:
-            stats[key + "_per_step"] = stats[key] / steps
+            stats[key + "_per_step"] = stats[key] / num_steps
         return Experience(buf.obs, buf.actions, buf.logprobs, buf.values, buf.rewards, buf.dones, buf.trunc_values,
                           torch.ones((num_steps, n), device=dev), last_value, episodes=buf.episodes,
                           env_steps=num_steps * n, stats=stats)
@@ -279,8 +273,9 @@ class _StepBuffers:
     """Preallocated [T, N] tensors a rollout is written into."""
 
     def __init__(self, spec: EnvSpec, num_steps: int, n: int, dev: torch.device):
+        # torch names its dtypes as numpy does ("float32", "uint8", "bool", ...)
         self.obs = {k: np.full((num_steps, n), "", dtype=object) if s.is_text else
-                    torch.zeros((num_steps, n, *s.shape), dtype=_torch_dtype(s.dtype), device=dev)
+                    torch.zeros((num_steps, n, *s.shape), dtype=getattr(torch, s.dtype), device=dev)
                     for k, s in spec.observation.items()}
         act_dtype = torch.int64 if spec.discrete else torch.float32
         self.actions = torch.zeros((num_steps, n, *spec.action.shape), dtype=act_dtype, device=dev)
@@ -391,12 +386,11 @@ class EpisodeRecorder:
                else torch.stack([o[k] for o in self.obs]).to(dev) for k in keys}
         rewards = torch.from_numpy(np.stack(self.rewards)).to(dev)
         mask = torch.from_numpy(np.stack(self.mask)).to(dev)
-        values = torch.stack(self.values).to(dev)
         return Experience(
             obs=obs,
             actions=torch.stack(self.actions).to(dev),
             logprobs=torch.stack(self.logprobs).to(dev),
-            values=values,
+            values=torch.stack(self.values).to(dev),
             rewards=rewards,
             dones=torch.from_numpy(np.stack(self.dones)).to(dev),
             trunc_values=torch.zeros_like(rewards),
@@ -408,8 +402,3 @@ class EpisodeRecorder:
             env_steps=int(mask.sum().item()),
             stats=dict(self.stats),
         )
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8, "int64": torch.int64,
-            "int32": torch.int32, "bool": torch.bool, "float16": torch.float16}[name]

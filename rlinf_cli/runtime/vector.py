@@ -49,19 +49,20 @@ def write_obs(dst: Obs, i: int, obs: Obs) -> None:
         buf[i] = obs[k]
 
 
-class SyncVecEnv:
-    """Steps ``len(indices)`` env instances one after another in this process."""
+class SeededVecEnv:
+    """What the runtime's VecEnvs share: last observations, each env's seed stream and episode index,
+    and ``reset(seeds)`` as a :meth:`restore` of episode 0. ``restore`` calls the subclass's
+    ``_restore(seeds, actions)``: env i starts with ``reset(seed=seeds[i])``, replays ``actions[i]``
+    and writes its observation to ``_obs`` (WorkerVecEnv overrides ``restore`` instead)."""
 
-    def __init__(self, simulator: Simulator, indices: Sequence[int], autoreset: bool = True):
-        self.spec: EnvSpec = simulator.spec
-        self.indices = list(indices)
-        self.num_envs = len(self.indices)
+    def __init__(self, spec: EnvSpec, num_envs: int, autoreset: bool):
+        self.spec = spec
+        self.num_envs = num_envs
         self.autoreset = autoreset
-        self.envs = [simulator.make_env(i) for i in self.indices]
-        self._obs = alloc_obs(self.spec, self.num_envs)
-        self._done = np.zeros(self.num_envs, dtype=bool)
-        self._streams: list[int | None] = [None] * self.num_envs
-        self._episodes = np.zeros(self.num_envs, dtype=np.int64)
+        self._obs = alloc_obs(spec, num_envs)  # last observation of every env
+        self._done = np.zeros(num_envs, dtype=bool)  # autoreset=False: finished, waiting for reset()
+        self._streams: list[int | None] = [None] * num_envs
+        self._episodes = np.zeros(num_envs, dtype=np.int64)  # episode index within its stream
 
     def reset(self, seeds: Sequence[int | None]) -> Obs:
         if len(seeds) != self.num_envs:
@@ -74,22 +75,36 @@ class SyncVecEnv:
         ``actions[i]`` ([L, *action_shape], the actions it took since that episode began)."""
         if len(streams) != self.num_envs or len(episodes) != self.num_envs:
             raise ValueError(f"restore needs {self.num_envs} streams and episode indices")
+        self._restore([None if s is None else episode_seed(int(s), int(k)) for s, k in zip(streams, episodes)], actions)
+        self._streams = [None if s is None else int(s) for s in streams]
+        self._episodes[:] = episodes
+        self._done[:] = False
+        return self._copy_obs()
+
+    def _copy_obs(self) -> Obs:
+        return {k: v.copy() for k, v in self._obs.items()}
+
+
+class SyncVecEnv(SeededVecEnv):
+    """Steps ``len(indices)`` env instances one after another in this process."""
+
+    def __init__(self, simulator: Simulator, indices: Sequence[int], autoreset: bool = True):
+        self.indices = list(indices)
+        super().__init__(simulator.spec, len(self.indices), autoreset)
+        self.envs = [simulator.make_env(i) for i in self.indices]
+
+    def _restore(self, seeds: list[int | None], actions: Sequence[np.ndarray] | None) -> None:
         for i, env in enumerate(self.envs):
-            stream, k = streams[i], int(episodes[i])
-            obs, _ = env.reset(seed=None if stream is None else episode_seed(int(stream), k))
+            obs, _ = env.reset(seed=seeds[i])
             replay = actions[i] if actions is not None else ()
             for t, a in enumerate(replay):
                 obs, _, term, trunc, _ = env.step(a)
                 if term or trunc:  # the logged actions are of an episode still running
                     raise ReplayError(
-                        f"replaying env {self.indices[i]}'s episode (seed {episode_seed(int(stream or 0), k)}) ended at "
+                        f"replaying env {self.indices[i]}'s episode (seed {seeds[i]}) ended at "
                         f"step {t + 1} of {len(replay)}: this simulator is not deterministic given a seed and actions. "
                         f"Its plugin should set EnvSpec(replayable=False); resumed runs then start fresh episodes")
             write_obs(self._obs, i, obs)
-            self._streams[i] = None if stream is None else int(stream)
-        self._episodes[:] = episodes
-        self._done[:] = False
-        return {k: v.copy() for k, v in self._obs.items()}
 
     def step(self, actions: np.ndarray) -> StepBatch:
         n = self.num_envs
@@ -117,7 +132,7 @@ class SyncVecEnv:
                 else:
                     self._done[i] = True
             write_obs(self._obs, i, obs)
-        return StepBatch({k: v.copy() for k, v in self._obs.items()}, reward, terminated, truncated, success, final_obs)
+        return StepBatch(self._copy_obs(), reward, terminated, truncated, success, final_obs)
 
     def close(self) -> None:
         for env in self.envs:

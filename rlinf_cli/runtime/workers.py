@@ -22,7 +22,7 @@ import numpy as np
 from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder, ObsEncoder, Packed
-from rlinf_cli.runtime.vector import SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
+from rlinf_cli.runtime.vector import SeededVecEnv, SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
 
 
 class EnvWorkerError(UserError):
@@ -217,11 +217,10 @@ class EnvWorker:
     def _emit(self, i: int, obs: Obs, keyframe: bool) -> tuple[dict[str, Packed] | None, dict[str, float]]:
         if self.shm is not None:
             lo, hi = self.shards[i]
-            nbytes = 0
             for key, arr in self.shm.arrays.items():
                 arr[lo:hi] = obs[key]
-                nbytes += obs[key].nbytes
-            stats = {"transport/obs_bytes_raw": float(nbytes), "transport/obs_bytes": float(nbytes)}
+            nbytes = float(sum(obs[key].nbytes for key in self.shm.arrays))
+            stats = {"transport/obs_bytes_raw": nbytes, "transport/obs_bytes": nbytes}
             text = {k: v for k, v in obs.items() if k not in self.shm.arrays}
             if not text:
                 return None, stats
@@ -282,7 +281,7 @@ class WorkerHandle(Protocol):
     def describe(self) -> str: ...
 
 
-class WorkerVecEnv:
+class WorkerVecEnv(SeededVecEnv):
     """A VecEnv whose shards live in workers; also steps pipeline groups asynchronously.
 
     ``step_group_async(g, actions)`` / ``step_group_wait(g)`` let a runner infer the actions of
@@ -293,9 +292,7 @@ class WorkerVecEnv:
     def __init__(self, spec: EnvSpec, num_envs: int, autoreset: bool, shards: list[Shard],
                  handles: list[WorkerHandle], codec: CodecConfig, shm: SharedObs | None = None,
                  max_restarts: int = 3, label: str = "workers"):
-        self.spec = spec
-        self.num_envs = num_envs
-        self.autoreset = autoreset
+        super().__init__(spec, num_envs, autoreset)
         self.shards = shards
         self.handles = handles
         self.shm = shm
@@ -305,14 +302,9 @@ class WorkerVecEnv:
         self.num_groups = max(s.group for s in shards) + 1
         self.pipeline_groups = [(min(s.lo for s in shards if s.group == g), max(s.hi for s in shards if s.group == g))
                                 for g in range(self.num_groups)]
-        self._local = {}  # shard id -> index of the shard inside its worker
-        for w in range(len(handles)):
-            for j, sid in enumerate(i for i, s in enumerate(shards) if s.worker == w):
-                self._local[sid] = j
+        # shard id -> index of the shard inside its worker (a worker's shards are numbered in order)
+        self._local = {sid: sum(t.worker == s.worker for t in shards[:sid]) for sid, s in enumerate(shards)}
         self._decoders = [ObsDecoder(codec) for _ in shards]
-        self._obs = alloc_obs(spec, num_envs)  # last observation of every env (decoded)
-        self._streams: list[int | None] = [None] * num_envs  # seed stream of every env (see vector.py)
-        self._episodes = np.zeros(num_envs, dtype=np.int64)  # episode index within its stream
         self._replay: list[np.ndarray] | None = None  # actions of the restore in progress (a retry needs them)
         self._pending: dict[int, Any] = {}  # shard id -> ticket of its in-flight step
         self._fabricated: dict[int, Reply] = {}  # shard id -> reply standing in for a lost step
@@ -320,11 +312,6 @@ class WorkerVecEnv:
         self._closed = False
 
     # -- VecEnv --------------------------------------------------------------------------
-    def reset(self, seeds: Sequence[int | None]) -> Obs:
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
-        return self.restore(seeds, [0] * self.num_envs, None)
-
     def restore(self, streams: Sequence[int | None], episodes: Sequence[int],
                 actions: Sequence[np.ndarray] | None) -> Obs:
         self._drain()
@@ -341,7 +328,7 @@ class WorkerVecEnv:
             reply = self._wait(sid, ticket, "reset")
             self._store_obs(sid, reply)
         self._replay = None
-        return {k: v.copy() for k, v in self._obs.items()}
+        return self._copy_obs()
 
     def _restore_args(self, s: Shard, next_episode: bool = False) -> tuple[list, list, list | None]:
         episodes = self._episodes[s.lo:s.hi] + (1 if next_episode else 0)
@@ -351,8 +338,7 @@ class WorkerVecEnv:
     def step(self, actions: np.ndarray) -> StepBatch:
         for g, (lo, hi) in enumerate(self.pipeline_groups):
             self.step_group_async(g, actions[lo:hi])
-        parts = [self.step_group_wait(g) for g in range(self.num_groups)]
-        return parts[0] if len(parts) == 1 else _concat(parts)
+        return self._wait_step(range(len(self.shards)), 0, self.num_envs)
 
     def close(self) -> None:
         if self._closed:
@@ -387,6 +373,11 @@ class WorkerVecEnv:
     def step_group_wait(self, g: int) -> StepBatch:
         """Finish group ``g``'s step; the StepBatch covers the group's envs only."""
         lo, hi = self.pipeline_groups[g]
+        return self._wait_step([sid for sid, s in enumerate(self.shards) if s.group == g], lo, hi)
+
+    # -- internals -------------------------------------------------------------------------
+    def _wait_step(self, sids: Sequence[int], lo: int, hi: int) -> StepBatch:
+        """Collect the step replies of shards ``sids``, which cover envs ``lo .. hi - 1``."""
         n = hi - lo
         reward = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
@@ -394,9 +385,8 @@ class WorkerVecEnv:
         success = np.zeros(n, dtype=bool)
         final_obs: Obs | None = None
         stats: dict[str, float] = {}
-        for sid, s in enumerate(self.shards):
-            if s.group != g:
-                continue
+        for sid in sids:
+            s = self.shards[sid]
             ticket = self._pending.pop(sid)
             reply = self._fabricated.pop(sid) if ticket is None else self._wait(sid, ticket, "step")
             a, b = s.lo - lo, s.hi - lo
@@ -417,7 +407,6 @@ class WorkerVecEnv:
         obs = {k: v[lo:hi].copy() for k, v in self._obs.items()}
         return StepBatch(obs, reward, terminated, truncated, success, final_obs, stats)
 
-    # -- internals -------------------------------------------------------------------------
     def _store_obs(self, sid: int, reply: Reply) -> None:
         s = self.shards[sid]
         # numeric entries come through shared memory (reply.obs: None, or the text entries); a
@@ -498,21 +487,5 @@ class WorkerVecEnv:
             if i != sid and self._pending.get(i) is not None:
                 self._pending[i] = None  # its reply was lost with the worker
             self._fabricated[i] = fabricated
-        if result is not None:
-            return result
-        return self._fabricated.pop(sid)
+        return result if result is not None else self._fabricated.pop(sid)
 
-
-def _concat(parts: list[StepBatch]) -> StepBatch:
-    obs = {k: np.concatenate([p.obs[k] for p in parts]) for k in parts[0].obs}
-    final = None
-    if any(p.final_obs is not None for p in parts):
-        final = {}
-        for k in parts[0].obs:
-            final[k] = np.concatenate([p.final_obs[k] if p.final_obs is not None else np.zeros_like(p.obs[k]) for p in parts])
-    stats: dict[str, float] = {}
-    for p in parts:
-        for k, v in p.stats.items():
-            stats[k] = stats.get(k, 0.0) + v
-    return StepBatch(obs, np.concatenate([p.reward for p in parts]), np.concatenate([p.terminated for p in parts]),
-                     np.concatenate([p.truncated for p in parts]), np.concatenate([p.success for p in parts]), final, stats)
