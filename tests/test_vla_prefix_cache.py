@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlinf_model_vla.model import VLAPolicy
-from tests.test_vla_model import _node, _obs, _spec
+from test_vla_model import _node, _obs, _spec
 
 # Meta-World-like instructions of different lengths (the tiny preset's tokenizer is per character)
 TEXTS = ["reach the goal position", "push the puck to the goal", "open the door",

@@ -436,7 +436,8 @@ class VLAPolicy(Policy):
         cache.valid_for(list(self.lm.base_model.parameters()))
         batch_key = tuple(tuple(r) for r in rows)
         if cache.batch is None or cache.batch[0] != batch_key:
-            per_row = [self._one_instruction_kv(r, dev) if r else None for r in batch_key]
+            self._fill_instruction_kv([r for r in dict.fromkeys(batch_key) if r and r not in cache.rows], dev)
+            per_row = [cache.rows[r] if r else None for r in batch_key]
             layers = []
             for layer in range(len(next(kv for kv in per_row if kv is not None))):
                 ref_k, ref_v = next(kv[layer] for kv in per_row if kv is not None)
@@ -454,21 +455,30 @@ class VLAPolicy(Policy):
             past.update(k, v, layer)  # copies: decoding appends to these, never to the stored tensors
         return past
 
-    def _one_instruction_kv(self, ids: tuple[int, ...], dev: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _fill_instruction_kv(self, missing: list[tuple[int, ...]], dev: torch.device) -> None:
+        """Run the instructions not cached yet through the backbone, all in one left-padded pass
+        (the full pass's layout), and keep each one's keys/values without its padding."""
         cache = self._prefix_kv
-        kv = cache.rows.get(ids)
-        if kv is None:
-            from transformers import DynamicCache
+        if not missing:
+            return
+        from transformers import DynamicCache
 
-            if len(cache.rows) >= cache.MAX_INSTRUCTIONS:
-                cache.rows.clear()
-            x = self.lm.get_input_embeddings()(torch.tensor([ids], device=dev))
-            ones = torch.ones((1, len(ids)), dtype=torch.long, device=dev)
-            _, past = self._backbone(x, ones, DynamicCache(), torch.arange(len(ids), device=dev).unsqueeze(0))
-            kv = [(entry[0], entry[1]) for entry in past]  # (keys, values) per layer, [1, kv_heads, n, d]
-            cache.rows[ids] = kv
-            cache.computed += 1
-        return kv
+        if len(cache.rows) + len(missing) > cache.MAX_INSTRUCTIONS:
+            cache.rows.clear()
+        width = max(len(r) for r in missing)
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        ids = torch.full((len(missing), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(missing), width), dtype=torch.long)
+        for i, r in enumerate(missing):
+            ids[i, width - len(r):] = torch.tensor(r)
+            attn[i, width - len(r):] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        _, past = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
+        layers = [(entry[0], entry[1]) for entry in past]  # (keys, values) [N, kv_heads, width, d] per layer
+        for i, r in enumerate(missing):
+            cache.rows[r] = [(k[i:i + 1, :, width - len(r):].clone(), v[i:i + 1, :, width - len(r):].clone())
+                             for k, v in layers]
+        cache.computed += len(missing)
 
     def invalidate_prefix_cache(self) -> None:
         """Drop the cached instruction keys/values. Optimizer steps, ``load_state_dict`` and
