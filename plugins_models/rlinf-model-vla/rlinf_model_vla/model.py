@@ -112,7 +112,8 @@ class CNNImageTokens(nn.Module):
         self.proj = nn.Linear(n, cfg.image_tokens * hidden)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
-        x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
+        # in the weights' dtype: a model cast to bf16 (DeepSpeed's bf16) takes bf16 inputs
+        x = img.permute(0, 3, 1, 2).to(self.proj.weight.dtype).mul(1.0 / 255.0)
         return self.proj(self.conv(x)).view(img.shape[0], self.tokens, self.hidden)
 
 
@@ -137,7 +138,7 @@ class HFImageTokens(nn.Module):
         x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
         if x.shape[-1] != self.size or x.shape[-2] != self.size:
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
-        x = (x - self.mean) / self.std
+        x = ((x - self.mean.float()) / self.std.float()).to(self.proj.weight.dtype)  # normalised in fp32
         h = self.encoder(pixel_values=x).last_hidden_state  # [B, patches (+ cls), Hv]
         if self.tokens and h.shape[1] > self.tokens:
             h = F.adaptive_avg_pool1d(h.transpose(1, 2), self.tokens).transpose(1, 2)
@@ -373,10 +374,10 @@ class VLAPolicy(Policy):
         dev = self.lm.get_input_embeddings().weight.device
         parts = [self.vision[k](obs[k].to(dev)) for k in self._images]
         if self.proprio is not None:
-            flat = torch.cat([obs[k].reshape(batch, -1).float().to(dev) for k in self._flat], dim=-1)
+            flat = torch.cat([obs[k].reshape(batch, -1).to(dev, self.proprio.weight.dtype) for k in self._flat], dim=-1)
             parts.append(self.proprio(flat).unsqueeze(1))
         if not parts:
-            return torch.zeros((batch, 0, self.hidden), device=dev)
+            return torch.zeros((batch, 0, self.hidden), device=dev, dtype=self.lm.get_input_embeddings().weight.dtype)
         return torch.cat(parts, dim=1)
 
     def _forward(self, obs: Mapping[str, Any], extra: torch.Tensor | None = None, keep_cache: bool = False
@@ -510,26 +511,29 @@ class VLAPolicy(Policy):
         """Logits over the bin tokens only (the LM head's rows of those ids), at the sampling temperature."""
         head = self.lm.get_output_embeddings()
         if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers the weight only inside the module's call
-            return head(h)[..., self.action_ids] / self.cfg.temperature
+            return head(h)[..., self.action_ids].float() / self.cfg.temperature
         w = head.weight[self.action_ids]
         b = head.bias[self.action_ids] if getattr(head, "bias", None) is not None else None
-        return F.linear(h, w, b) / self.cfg.temperature
+        return F.linear(h, w, b).float() / self.cfg.temperature  # log-probs in fp32 whatever the weights
 
     def _value(self, h_last: torch.Tensor) -> torch.Tensor:
-        return self.critic(h_last).squeeze(-1) if self.has_critic else h_last.new_zeros(h_last.shape[0])
+        return self.critic(h_last).squeeze(-1).float() if self.has_critic \
+            else h_last.new_zeros(h_last.shape[0], dtype=torch.float32)
 
     # -- actions <-> bins ------------------------------------------------------------------
     def to_bins(self, action: torch.Tensor) -> torch.Tensor:
         if self.env_spec.discrete:
             return action.long().reshape(-1, 1)
         a = action.reshape(action.shape[0], -1).float()
-        scaled = (a - self.low) / (self.high - self.low) * self.nbins
+        low, high = self.low.float(), self.high.float()  # a model cast to bf16 casts these buffers too
+        scaled = (a - low) / (high - low) * self.nbins
         return scaled.floor().long().clamp_(0, self.nbins - 1)
 
     def from_bins(self, bins: torch.Tensor) -> torch.Tensor:
         if self.env_spec.discrete:
             return bins[:, 0]
-        a = self.low + (bins.float() + 0.5) * (self.high - self.low) / self.nbins
+        low, high = self.low.float(), self.high.float()
+        a = low + (bins.float() + 0.5) * (high - low) / self.nbins
         return a.view(bins.shape[0], *self.env_spec.action.shape)
 
     # -- policy interface ------------------------------------------------------------------
@@ -549,7 +553,8 @@ class VLAPolicy(Policy):
         h, _, _, _ = self._forward(obs, queries)
         means, log_std = self.chunk_head(h[:, 1:])
         shape = (self.action_chunk, *self.env_spec.action.shape)
-        return means.view(b, *shape), log_std.view(shape), self._value(h[:, 0])
+        # the Gaussian in fp32 whatever the weights' dtype
+        return means.float().view(b, *shape), log_std.float().view(shape), self._value(h[:, 0])
 
     @staticmethod
     def _chunk_logp(action: torch.Tensor, means: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -616,8 +621,9 @@ class VLAPolicy(Policy):
         with torch.no_grad():
             greedy = self.to_bins(self.act(obs, deterministic=True).action)
         logits, _ = self._teacher_forced(obs, greedy)
-        centres = self.low.unsqueeze(-1) + (torch.arange(self.nbins, device=logits.device) + 0.5) * \
-            ((self.high - self.low) / self.nbins).unsqueeze(-1)  # [D, nbins]
+        low, high = self.low.float(), self.high.float()
+        centres = low.unsqueeze(-1) + (torch.arange(self.nbins, device=logits.device) + 0.5) * \
+            ((high - low) / self.nbins).unsqueeze(-1)  # [D, nbins]
         mean = (logits.softmax(-1) * centres).sum(-1)
         return mean.view(mean.shape[0], *self.env_spec.action.shape)
 
