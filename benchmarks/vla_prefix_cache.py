@@ -14,6 +14,11 @@ such as SmolLM2's gives these short texts.
 
     OMP_NUM_THREADS=1 python benchmarks/vla_prefix_cache.py                 # both backbones, both heads
     OMP_NUM_THREADS=1 python benchmarks/vla_prefix_cache.py --backbones tiny --repeats 50
+    OMP_NUM_THREADS=1 python benchmarks/vla_prefix_cache.py --rollout --backbones tiny   # real Meta-World envs
+
+``--rollout``: instead of ``act`` alone, rollouts of the runtime's ``Runner`` on Meta-World envs
+(one env per task, in this process, state + instruction), ``--repeats`` blocks of 16 policy steps
+for each policy, alternating; policy steps per second (all envs), environment stepping included.
 
 Columns: milliseconds per ``act`` call (all envs at once, no gradient) without and with the
 cache, the speed-up, ``cold``: the first act after a weight change (the cache refilled: what each
@@ -41,7 +46,7 @@ BACKBONES = {
 }
 
 
-def _policies(backbone: str, head: str, pixels: bool, max_tokens: int) -> tuple:
+def _policies(backbone: str, head: str, pixels: bool, max_tokens: int, spec=None) -> tuple:
     import torch
     from omegaconf import OmegaConf
 
@@ -53,12 +58,13 @@ def _policies(backbone: str, head: str, pixels: bool, max_tokens: int) -> tuple:
     node["backbone"] = {**node["backbone"], **BACKBONES[backbone]}
     node.update(head=head, max_instruction_tokens=max_tokens)
     # Meta-World's observations: the 39-d state, or an 84x84 image + the 4-d proprioception
-    obs = {"instruction": ArraySpec((), "str")}
-    if pixels:
-        obs.update(rgb=ArraySpec((84, 84, 3), "uint8", 0, 255), proprio=ArraySpec((4,), "float32"))
-    else:
-        obs["state"] = ArraySpec((39,), "float32")
-    spec = EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0))
+    if spec is None:
+        obs = {"instruction": ArraySpec((), "str")}
+        if pixels:
+            obs.update(rgb=ArraySpec((84, 84, 3), "uint8", 0, 255), proprio=ArraySpec((4,), "float32"))
+        else:
+            obs["state"] = ArraySpec((39,), "float32")
+        spec = EnvSpec(obs, ArraySpec((4,), "float32", -1.0, 1.0))
     torch.manual_seed(0)
     cached = VLAPolicy(node, spec).eval()
     plain = VLAPolicy({**node, "prefix_cache": False}, spec).eval()
@@ -118,6 +124,34 @@ def run(backbone: str, head: str, a: argparse.Namespace) -> list:
             f"{up / uc:.2f}x", f"{median(cold):.2f}", f"{diff:.1e}"]
 
 
+def run_rollout(backbone: str, head: str, a: argparse.Namespace) -> list:
+    from rlinf_cli.registry import make_simulator
+    from rlinf_cli.runtime.chunking import ChunkedSimulator, chunk_of
+    from rlinf_cli.runtime.rollout import Runner
+    from rlinf_cli.runtime.vector import SyncVecEnv
+
+    sim = make_simulator({"name": "metaworld", "tasks": list(a.tasks), "max_episode_steps": 100})
+    policies = _policies(backbone, head, False, a.max_instruction_tokens, spec=sim.spec)
+    if chunk_of(policies[0]) > 1:  # what the runtime does for a chunk policy
+        sim = ChunkedSimulator(sim, chunk_of(policies[0]))
+    runners = []
+    for policy in policies:
+        env = SyncVecEnv(sim, range(a.envs), autoreset=True)
+        runner = Runner(env, policy)
+        runner.reset(list(range(a.envs)))  # both see the same seeds, hence the same tasks per env
+        runner.collect_steps(4)  # warm-up
+        runners.append(runner)
+    rates: list[list[float]] = [[], []]
+    for _ in range(a.repeats):  # alternate, so that load from other processes falls on both
+        for i, runner in enumerate(runners):
+            t0 = time.perf_counter()
+            runner.collect_steps(16)
+            rates[i].append(16 * a.envs / (time.perf_counter() - t0))
+    cached, plain = median(rates[0]), median(rates[1])
+    params = sum(p.numel() for p in policies[0].parameters())
+    return [backbone, head, f"{params / 1e6:.1f}M", f"{plain:.0f}", f"{cached:.0f}", f"{cached / plain:.2f}x"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=list(BACKBONES))
@@ -128,12 +162,19 @@ def main() -> None:
     ap.add_argument("--max-instruction-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=20, help="timed act calls per path (median reported)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rollout", action="store_true", help="time Runner rollouts on Meta-World envs, not act alone")
     a = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(a.threads)
     print(f"{machine_line()}  torch {torch.__version__}  threads {a.threads}")
+    if a.rollout:
+        print(f"{a.envs} Meta-World envs ({len(a.tasks)} tasks), state + instruction, {a.repeats} x 16 policy steps "
+              "per policy, sampled actions, env stepping included")
+        rows = [run_rollout(b, h, a) for b in a.backbones for h in a.heads]
+        print(table(["backbone", "head", "params", "uncached steps/s", "cached steps/s", "speed-up"], rows))
+        return
     print(f"{a.envs} envs, {'pixels + proprio' if a.pixels else 'state'} + instruction, "
           f"instructions of {len(a.tasks)} Meta-World tasks, {a.repeats} repeats, greedy act")
     rows = [run(b, h, a) for b in a.backbones for h in a.heads]
