@@ -97,8 +97,6 @@ def _act_ms(policy, obs: dict) -> tuple[float, object]:
 
 
 def run(backbone: str, head: str, a: argparse.Namespace) -> list:
-    import torch
-
     cached, plain = _policies(backbone, head, a.pixels, a.max_instruction_tokens)
     params = sum(p.numel() for p in cached.parameters())
     steps = [_obs(a.envs, a.tasks, a.pixels, seed) for seed in range(a.repeats)]
@@ -118,8 +116,6 @@ def run(backbone: str, head: str, a: argparse.Namespace) -> list:
         cold.append(_act_ms(cached, o)[0])
     rows = [len(cached._text_ids(t)) for t in set(steps[0]["instruction"])]
     up, uc = median(t_plain), median(t_cached)
-    del cached, plain
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return [backbone, head, f"{params / 1e6:.1f}M", f"{min(rows)}-{max(rows)}", f"{up:.2f}", f"{uc:.2f}",
             f"{up / uc:.2f}x", f"{median(cold):.2f}", f"{diff:.1e}"]
 
