@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# rlinf's whole GPU path end to end, as one table (about 5-10 minutes on one GPU). Prepared on a
+# rlinf's whole GPU path end to end, as one table (about 6-12 minutes on one GPU). Prepared on a
 # CPU-only machine: run it where a CUDA GPU is present, with rlinf and its plugins installed
 # (`make install`, or wheels brought in where there is no network).
 #
 #   bash benchmarks/gpu_check.sh            # every check; exits non-zero if one failed
 #   ACCEL=cpu bash benchmarks/gpu_check.sh  # the same commands on the CPU (validates the script itself)
+#   CASES="6 7" bash benchmarks/gpu_check.sh # some of the checks only (numbers below)
 #
 # Checks, each a real run with a pass/fail condition:
 #   1. the accelerator plugin detects the device (rlinf doctor)
@@ -12,6 +13,10 @@
 #   3. PPO on Meta-World pixels: MuJoCo renders through EGL (on the GPU's driver), a CNN policy on the device
 #   4. GRPO on a small language model in bf16 (DeepSpeed ZeRO-2) on an arithmetic task
 #   5. DeepSpeed ZeRO-2 with two processes under torchrun (only with >= 2 devices)
+#   6. model=vla on the device, bf16 where supported (benchmarks/vla_device_check.py): act and
+#      evaluate agree (bf16: 0.05 nats), one PPO step with the torch engine and with DeepSpeed
+#      ZeRO-2, the instruction KV cache fresh after it; act ms per step with and without the cache
+#   7. `rlinf rl model=vla` on Meta-World, DeepSpeed ZeRO-2 bf16, the policy on the device
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,15 +26,18 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export MUJOCO_GL="${MUJOCO_GL:-egl}" OMP_NUM_THREADS=1
 ACCEL="${ACCEL:-cuda}"
+CASES="${CASES:-1 2 3 4 5 6 7}"  # the checks to run, e.g. CASES="6 7"
 BF16=true; [ "$ACCEL" = cpu ] && BF16=false
 COMMON=(tracking.enabled=false progress=false quiet=true "accelerator=$ACCEL")
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$ROWS"; echo "$2  $1: $3"; }
 field() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'r': d}))" "$1/result.json" "$2" 2>/dev/null; }
+want() { case " $CASES " in *" $1 "*) return 0;; *) return 1;; esac; }
 timed() { local t0=$SECONDS; "$@" > "$OUT/last.log" 2>&1; local rc=$?; LAST_S=$((SECONDS - t0)); return $rc; }
 
 echo "== rlinf GPU check ($(date -u +%FT%TZ)), accelerator=$ACCEL, outputs in $OUT"
 "$RLINF" doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
+if want 1; then
 if [ "$ACCEL" != cpu ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
   if grep -E "^. $ACCEL " "$OUT/doctor.txt" | grep -qv "not detected"; then
@@ -38,13 +46,17 @@ if [ "$ACCEL" != cpu ]; then
     row "1 $ACCEL detected" FAIL "rlinf doctor: $(grep -E "^. $ACCEL " "$OUT/doctor.txt" | head -1)" 0
   fi
 fi
+fi
 
+if want 2; then
 if timed "$RLINF" rl "${COMMON[@]}" sim.env_id=CartPole-v1 total_steps=60000 eval.episodes=10 run_dir="$OUT/ppo"; then
   r=$(field "$OUT/ppo" "r['eval']['return_mean']")
   "$PY" -c "import sys; sys.exit(0 if float('$r') >= 200 else 1)" && row "2 PPO learns CartPole" PASS "eval return $r (>= 200)" $LAST_S \
     || row "2 PPO learns CartPole" FAIL "eval return $r < 200" $LAST_S
 else row "2 PPO learns CartPole" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
 
+if want 3; then
 if timed "$RLINF" rl "${COMMON[@]}" sim=metaworld sim.task=reach-v3 sim.obs=rgb sim.image_size=84 sim.max_episode_steps=100 \
     model.obs_keys=[rgb,proprio] num_envs=8 total_steps=8192 eval.episodes=4 eval.video=1 runtime.mode=hybrid run_dir="$OUT/pixels"; then
   sps=$("$PY" -c "
@@ -56,7 +68,9 @@ print(round(s[-1]['env_steps'] / sum(x['time/rollout_s'] for x in s)))" "$OUT/pi
   [ -n "$sps" ] && row "3 PPO on Meta-World pixels (EGL render)" PASS "$sps pixel env-steps/s in rollouts, 1 eval video" $LAST_S \
     || row "3 PPO on Meta-World pixels (EGL render)" FAIL "no training iterations" $LAST_S
 else row "3 PPO on Meta-World pixels (EGL render)" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
 
+if want 4; then
 if timed "$RLINF" rl --algo grpo "${COMMON[@]}" sim=arithmetic sim.digits=1 model=hf text.iterations=10 algo.groups=8 \
     algo.group_size=8 algo.epochs=1 train.backend=deepspeed train.zero_stage=2 train.bf16=$BF16 eval.episodes=32 run_dir="$OUT/grpo"; then
   acc=$(field "$OUT/grpo" "r['eval'].get('accuracy')")
@@ -66,7 +80,9 @@ with safe_open(sys.argv[1] + '/checkpoints/final/model.safetensors', 'pt') as f:
   [ -n "$acc" ] && row "4 GRPO, small LM, ZeRO-2 bf16=$BF16" PASS "accuracy $acc after 10 iterations, weights $dtype" $LAST_S \
     || row "4 GRPO, small LM, ZeRO-2 bf16=$BF16" FAIL "no accuracy in result.json" $LAST_S
 else row "4 GRPO, small LM, ZeRO-2 bf16=$BF16" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
 
+if want 5; then
 ndev=$("$PY" -c "
 from rlinf_cli.registry import get_registry
 print(get_registry().load('accelerator', '$ACCEL')().device_count() if '$ACCEL' != 'cpu' else 0)" 2>/dev/null || echo 0)
@@ -77,6 +93,42 @@ if [ "${ndev:-0}" -ge 2 ]; then
   else row "5 DeepSpeed ZeRO-2, 2 processes" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
 else
   row "5 DeepSpeed ZeRO-2, 2 processes" SKIP "${ndev:-0} $ACCEL device(s) here" 0
+fi
+fi
+
+if want 6; then
+# 6: the VLA's own numbers on the device (bf16 where the accelerator supports it; fp32 on the CPU)
+vla_ok=0; vla_detail=""; vla_s=0
+for backend in torch deepspeed; do
+  if timed "$PY" benchmarks/vla_device_check.py --accelerator "$ACCEL" --bf16 auto --backend "$backend"; then
+    vla_detail+="$backend: $("$PY" -c "
+import json, sys
+rs = [json.loads(x) for x in open(sys.argv[1]) if x.startswith('{')]
+gap = max(max(v for k, v in r.items() if k.endswith('act_vs_evaluate_logp')) for r in rs)
+t = {r['head']: r for r in rs}['tokens']
+print(f\"{rs[0]['dtype']} max |act-evaluate| {gap:.1e} nats (tol {rs[0]['tol']}), tokens act {t['act_ms_cached']} ms cached / {t['act_ms_full']} ms full\")" "$OUT/last.log"); "
+  else
+    vla_ok=1; vla_detail+="$backend: $(grep -h '^{' "$OUT/last.log" | grep -o '"head": "[a-z]*".*"ok": false' | head -1 | cut -c1-160) / $(tail -1 "$OUT/last.log" | cut -c1-120); "
+  fi
+  cp "$OUT/last.log" "$OUT/vla_$backend.log"; vla_s=$((vla_s + LAST_S))
+done
+[ $vla_ok = 0 ] && row "6 VLA act = evaluate, PPO step, fresh cache" PASS "$vla_detail" $vla_s \
+  || row "6 VLA act = evaluate, PPO step, fresh cache" FAIL "$vla_detail" $vla_s
+fi
+
+if want 7; then
+if timed "$RLINF" rl "${COMMON[@]}" sim=metaworld sim.task=reach-v3 sim.reward=shaped sim.max_episode_steps=50 model=vla \
+    num_envs=4 algo.rollout_steps=32 total_steps=256 eval.episodes=2 train.backend=deepspeed train.zero_stage=2 \
+    train.bf16=$BF16 run_dir="$OUT/vla_rl"; then
+  kl=$("$PY" -c "
+import json, math, sys
+m = [json.loads(x) for x in open(sys.argv[1] + '/metrics.jsonl')]
+s = [x for x in m if 'train/approx_kl' in x]
+assert len(s) == 2 and all(math.isfinite(x['train/approx_kl']) and x['train/grad_norm'] > 0 for x in s)
+print(f\"{s[-1]['train/approx_kl']:.1e}\")" "$OUT/vla_rl" 2>/dev/null)
+  [ -n "$kl" ] && row "7 rl model=vla, ZeRO-2 bf16=$BF16" PASS "2 PPO iterations, approx KL $kl, eval $(field "$OUT/vla_rl" "r['eval']['episodes']") episodes" $LAST_S \
+    || row "7 rl model=vla, ZeRO-2 bf16=$BF16" FAIL "no finite PPO update in metrics.jsonl" $LAST_S
+else row "7 rl model=vla, ZeRO-2 bf16=$BF16" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
 fi
 
 echo

@@ -196,3 +196,24 @@ def test_registration_does_not_import_torch():
             "get_registry().get('model', 'vla'); print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.parametrize("head", ["tokens", "chunk"])
+def test_bf16_weights_act_and_evaluate_agree(head):
+    # DeepSpeed's bf16 casts the whole module: inputs follow the weights' dtype, while bins,
+    # log-probs and values stay fp32 (bf16 bounds would move the bin edges)
+    torch.manual_seed(0)
+    policy = VLAPolicy(_node(head=head), _spec()).to(torch.bfloat16)
+    obs = _obs(6)
+    with torch.no_grad():
+        out = policy.act(obs)
+    ev = policy.evaluate(obs, out.action)
+    assert out.action.dtype == out.logprob.dtype == ev.logprob.dtype == ev.value.dtype == torch.float32
+    # bf16 keeps ~3 significant digits: the decode and the one-pass scoring agree to that
+    torch.testing.assert_close(ev.logprob.detach(), out.logprob, rtol=0, atol=0.05)
+    assert 1.0 < float(-out.logprob.mean()) < 30.0  # a real log-prob, not a collapsed one
+    ev.logprob.sum().backward()
+    assert policy.lm.get_input_embeddings().weight.grad.dtype == torch.bfloat16
+    if head == "tokens":
+        bins = policy.to_bins(out.action)
+        assert torch.equal(policy.to_bins(policy.from_bins(bins)), bins)

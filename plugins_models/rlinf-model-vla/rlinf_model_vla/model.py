@@ -7,8 +7,9 @@ Sequence fed to the backbone, one row per env (left-padded to the longest instru
     \\________ text, varies ________/   \\______ fixed length ______/   \\_ the head's output _/
 
 The instruction comes first so that the part that changes every step (images, proprioception)
-and the action tokens sit at fixed positions, and a later KV cache of the instruction prefix can
-be reused across steps.
+and the action tokens sit after it: the keys and values of ``<bos> instruction`` depend only on
+the text and the weights, so rollouts (no gradient) compute them once per distinct instruction
+and reuse them across steps and envs (``model.prefix_cache``; see ``_PrefixCache``).
 
 ``tokens`` head (OpenVLA-style): each continuous action dimension is discretised into ``bins``
 uniform bins over the action bounds, and bin ``i`` of every dimension is the vocabulary token
@@ -59,6 +60,7 @@ class VLAConfig:
     temperature: float = 1.0  # sampling temperature of action tokens
     critic: bool = True  # value head on the backbone's hidden state
     max_instruction_tokens: int = 64  # instructions are cut to this many tokens
+    prefix_cache: bool = True  # reuse the instruction's KV cache when no gradient is taken (exact)
     vision: str = "cnn"  # cnn | hf
     vision_path: str | None = None  # vision=hf: local transformers vision model directory; None = tiny ViT
     image_tokens: int = 4  # tokens per image (hf: patch tokens average-pooled to this many; 0 = all)
@@ -110,7 +112,8 @@ class CNNImageTokens(nn.Module):
         self.proj = nn.Linear(n, cfg.image_tokens * hidden)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
-        x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
+        # in the weights' dtype: a model cast to bf16 (DeepSpeed's bf16) takes bf16 inputs
+        x = img.permute(0, 3, 1, 2).to(self.proj.weight.dtype).mul(1.0 / 255.0)
         return self.proj(self.conv(x)).view(img.shape[0], self.tokens, self.hidden)
 
 
@@ -135,7 +138,7 @@ class HFImageTokens(nn.Module):
         x = img.permute(0, 3, 1, 2).float().mul(1.0 / 255.0)
         if x.shape[-1] != self.size or x.shape[-2] != self.size:
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
-        x = (x - self.mean) / self.std
+        x = ((x - self.mean.float()) / self.std.float()).to(self.proj.weight.dtype)  # normalised in fp32
         h = self.encoder(pixel_values=x).last_hidden_state  # [B, patches (+ cls), Hv]
         if self.tokens and h.shape[1] > self.tokens:
             h = F.adaptive_avg_pool1d(h.transpose(1, 2), self.tokens).transpose(1, 2)
@@ -196,6 +199,61 @@ class ChunkHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.out(h), self.log_std + 0.0  # a tensor of its own: ZeRO-3 releases the parameter after the call
+
+
+# -- the instruction's KV cache ---------------------------------------------------------------
+
+# Optimizer steps taken in this process, by any optimizer (torch's global step post-hook; counted
+# from the first VLAPolicy on). A step is how training changes weights, whatever the engine: torch
+# and LeanAdam (whose flat buffers write parameters around their version counters) and
+# DeepSpeed's ZeRO optimizers (which copy master weights in through ``.data``) all step a torch
+# optimizer, so this catches what the parameters' own version counters miss.
+_OPTIMIZER_STEPS = [0]
+_STEP_HOOK: list[Any] = []
+
+
+def _count_optimizer_steps() -> None:
+    if not _STEP_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def bump(optimizer: Any, args: Any, kwargs: Any) -> None:
+            _OPTIMIZER_STEPS[0] += 1
+
+        _STEP_HOOK.append(register_optimizer_step_post_hook(bump))
+
+
+class _PrefixCache:
+    """Keys and values of ``<bos> instruction`` for each distinct instruction, per weight version.
+
+    A row's text tokens attend only to earlier text tokens (causal attention, left padding masked
+    out, positions counted from the first real token), so their keys and values are those of the
+    instruction run alone at positions ``0 .. n-1``. A batch is then the per-instruction caches
+    left-padded to the longest one with the same attention mask as the full pass: the image,
+    proprio and action tokens see exactly what they would see there.
+
+    Everything is dropped when the weights may have changed: an optimizer step anywhere in the
+    process, a ``load_state_dict`` on the policy, or a backbone parameter whose storage or version
+    counter moved (an in-place edit, ``.to()``); ``VLAPolicy.invalidate_prefix_cache`` for anything else.
+    """
+
+    MAX_INSTRUCTIONS = 512  # distinct instructions kept per weight version (then start over)
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.rows: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.batch: tuple[tuple[tuple[int, ...], ...], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self.loads = 0  # load_state_dict calls on the policy
+        self.computed = 0  # instructions run through the backbone (tests and the benchmark read it)
+
+    def clear(self) -> None:
+        self.key, self.batch = None, None
+        self.rows.clear()
+
+    def valid_for(self, params: Sequence[torch.Tensor]) -> None:
+        key = (_OPTIMIZER_STEPS[0], self.loads, tuple((t.data_ptr(), t._version, t.dtype) for t in params))
+        if key != self.key:
+            self.clear()
+            self.key = key
 
 
 # -- the policy --------------------------------------------------------------------------------
@@ -266,6 +324,14 @@ class VLAPolicy(Policy):
             nn.init.zeros_(self.critic.weight)
             nn.init.zeros_(self.critic.bias)
         self._ids_cache: dict[str, list[int]] = {}
+        self._prefix_kv = _PrefixCache()
+        _count_optimizer_steps()
+        self.register_load_state_dict_post_hook(VLAPolicy._weights_loaded)
+        # dropout in the backbone would make the cached keys one draw and the full pass another
+        lm_cfg = self.lm.config.to_dict()
+        self._lm_dropout = any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                               for k, v in lm_cfg.items() if "dropout" in k) \
+            or any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.lm.modules())
 
     def _action_token_ids(self) -> torch.Tensor:
         """The vocabulary ids of the bins: the last ``nbins`` ids of a large vocabulary (OpenVLA
@@ -298,29 +364,132 @@ class VLAPolicy(Policy):
                 self._ids_cache[text] = ids
         return ids
 
-    def _prefix(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings [B, P, H] and attention mask [B, P] of everything before the action tokens."""
+    def _text_rows(self, obs: Mapping[str, Any], batch: int) -> list[list[int]]:
+        """Token ids of each row's ``<bos> instruction`` (the text entries joined by spaces)."""
+        texts = [" ".join(str(obs[k][i]) for k in self._text) for i in range(batch)] if self._text else [""] * batch
+        return [self._text_ids(t) for t in texts]
+
+    def _rest(self, obs: Mapping[str, Any], batch: int) -> torch.Tensor:
+        """Embeddings [B, R, H] of the per-step part of the prefix: image tokens, then the proprio token."""
+        dev = self.lm.get_input_embeddings().weight.device
+        parts = [self.vision[k](obs[k].to(dev)) for k in self._images]
+        if self.proprio is not None:
+            flat = torch.cat([obs[k].reshape(batch, -1).to(dev, self.proprio.weight.dtype) for k in self._flat], dim=-1)
+            parts.append(self.proprio(flat).unsqueeze(1))
+        if not parts:
+            return torch.zeros((batch, 0, self.hidden), device=dev, dtype=self.lm.get_input_embeddings().weight.dtype)
+        return torch.cat(parts, dim=1)
+
+    def _forward(self, obs: Mapping[str, Any], extra: torch.Tensor | None = None, keep_cache: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """The backbone over ``[pad] <bos> instruction | image | proprio | extra``.
+
+        Returns the hidden states [B, 1 + E, H] of the prefix's last token (what the value head
+        and the first action read) and of the E ``extra`` embeddings after it, the attention mask
+        [B, W + R + E] of the whole sequence (W: the longest instruction, R: the image and proprio
+        tokens), the last token's position [B, 1] and, with ``keep_cache``, the KV cache to decode
+        further tokens from. The instruction's keys and
+        values come from the prefix cache when no gradient is taken (see ``_use_prefix_cache``).
+        """
         embed = self.lm.get_input_embeddings()
         dev = embed.weight.device
         batch = self._batch_size(obs)
-        texts = [" ".join(str(obs[k][i]) for k in self._text) for i in range(batch)] if self._text else [""] * batch
-        rows = [self._text_ids(t) for t in texts]
+        rows = self._text_rows(obs, batch)
         width = max(len(r) for r in rows)
+        lengths = torch.tensor([len(r) for r in rows], device=dev)
+        text_attn = (torch.arange(width, device=dev) >= width - lengths.unsqueeze(1)).long()  # left padding
+        tail = self._rest(obs, batch)
+        if extra is not None:
+            tail = torch.cat([tail, extra], dim=1)
+        n, rest = tail.shape[1], tail.shape[1] - (0 if extra is None else extra.shape[1])
+        attn = torch.cat([text_attn, torch.ones((batch, n), dtype=torch.long, device=dev)], dim=1)
+        from transformers import DynamicCache
+
+        if self._use_prefix_cache(width, rest):
+            past = self._instruction_kv(rows, width, dev)
+            positions = lengths.unsqueeze(1) + torch.arange(n, device=dev)  # as if the instruction were there
+            h, past = self._backbone(tail, attn, past, positions)
+            return h[:, rest - 1:], attn, positions[:, -1:], past if keep_cache else None
         pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         ids = torch.full((batch, width), pad, dtype=torch.long)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding
+        for i, r in enumerate(rows):
             if r:
                 ids[i, width - len(r):] = torch.tensor(r)
-                attn[i, width - len(r):] = 1
-        parts = [embed(ids.to(dev))]
-        parts += [self.vision[k](obs[k].to(dev)) for k in self._images]
-        if self.proprio is not None:
-            flat = torch.cat([obs[k].reshape(batch, -1).float().to(dev) for k in self._flat], dim=-1)
-            parts.append(self.proprio(flat).unsqueeze(1))
-        x = torch.cat(parts, dim=1)
-        attn = torch.cat([attn.to(dev), torch.ones((batch, x.shape[1] - width), dtype=torch.long, device=dev)], dim=1)
-        return x, attn
+        x = torch.cat([embed(ids.to(dev)), tail], dim=1)
+        positions = (attn.cumsum(1) - 1).clamp_min(0)
+        h, past = self._backbone(x, attn, DynamicCache() if keep_cache else None, positions)
+        return h[:, width + rest - 1:], attn, positions[:, -1:], past
+
+    def _use_prefix_cache(self, width: int, rest: int) -> bool:
+        # exact only without a gradient (cached keys carry none), with no dropout drawn in the
+        # backbone, and when a token after the instruction exists to read the value from;
+        # ZeRO-3's partitioned parameters have no storage that tells a weight version apart
+        return (self.cfg.prefix_cache and width > 0 and rest > 0 and not torch.is_grad_enabled()
+                and not (self.training and self._lm_dropout)
+                and not hasattr(self.lm.get_input_embeddings().weight, "ds_id"))
+
+    def _instruction_kv(self, rows: list[list[int]], width: int, dev: torch.device) -> Any:
+        """A DynamicCache of the batch's instruction tokens, [B, kv_heads, W, d] per layer, rows
+        left-padded with zeros (masked out by the attention mask) like the full pass's inputs."""
+        from transformers import DynamicCache
+
+        cache = self._prefix_kv
+        cache.valid_for(list(self.lm.base_model.parameters()))
+        batch_key = tuple(tuple(r) for r in rows)
+        if cache.batch is None or cache.batch[0] != batch_key:
+            self._fill_instruction_kv([r for r in dict.fromkeys(batch_key) if r and r not in cache.rows], dev)
+            per_row = [cache.rows[r] if r else None for r in batch_key]
+            layers = []
+            for layer in range(len(next(kv for kv in per_row if kv is not None))):
+                ref_k, ref_v = next(kv[layer] for kv in per_row if kv is not None)
+                k = ref_k.new_zeros((len(rows), ref_k.shape[1], width, ref_k.shape[3]))
+                v = ref_v.new_zeros((len(rows), ref_v.shape[1], width, ref_v.shape[3]))
+                for i, kv in enumerate(per_row):
+                    if kv is not None:
+                        n = kv[layer][0].shape[2]
+                        k[i, :, width - n:] = kv[layer][0][0]
+                        v[i, :, width - n:] = kv[layer][1][0]
+                layers.append((k, v))
+            cache.batch = (batch_key, layers)  # envs keep their instructions from step to step
+        past = DynamicCache()
+        for layer, (k, v) in enumerate(cache.batch[1]):
+            past.update(k, v, layer)  # copies: decoding appends to these, never to the stored tensors
+        return past
+
+    def _fill_instruction_kv(self, missing: list[tuple[int, ...]], dev: torch.device) -> None:
+        """Run the instructions not cached yet through the backbone, all in one left-padded pass
+        (the full pass's layout), and keep each one's keys/values without its padding."""
+        cache = self._prefix_kv
+        if not missing:
+            return
+        from transformers import DynamicCache
+
+        if len(cache.rows) + len(missing) > cache.MAX_INSTRUCTIONS:
+            cache.rows.clear()
+        width = max(len(r) for r in missing)
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        ids = torch.full((len(missing), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(missing), width), dtype=torch.long)
+        for i, r in enumerate(missing):
+            ids[i, width - len(r):] = torch.tensor(r)
+            attn[i, width - len(r):] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        _, past = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
+        layers = [(entry[0], entry[1]) for entry in past]  # (keys, values) [N, kv_heads, width, d] per layer
+        for i, r in enumerate(missing):
+            cache.rows[r] = [(k[i:i + 1, :, width - len(r):].clone(), v[i:i + 1, :, width - len(r):].clone())
+                             for k, v in layers]
+        cache.computed += len(missing)
+
+    def invalidate_prefix_cache(self) -> None:
+        """Drop the cached instruction keys/values. Optimizer steps, ``load_state_dict`` and
+        in-place edits of backbone parameters do this already; call it after changing weights
+        some other way (writing through ``.data`` of a parameter, for one)."""
+        self._prefix_kv.clear()
+
+    @staticmethod
+    def _weights_loaded(module: nn.Module, incompatible: Any) -> None:
+        module._prefix_kv.loads += 1
 
     def _batch_size(self, obs: Mapping[str, Any]) -> int:
         for k in self._keys:
@@ -342,53 +511,50 @@ class VLAPolicy(Policy):
         """Logits over the bin tokens only (the LM head's rows of those ids), at the sampling temperature."""
         head = self.lm.get_output_embeddings()
         if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers the weight only inside the module's call
-            return head(h)[..., self.action_ids] / self.cfg.temperature
+            return head(h)[..., self.action_ids].float() / self.cfg.temperature
         w = head.weight[self.action_ids]
         b = head.bias[self.action_ids] if getattr(head, "bias", None) is not None else None
-        return F.linear(h, w, b) / self.cfg.temperature
+        return F.linear(h, w, b).float() / self.cfg.temperature  # log-probs in fp32 whatever the weights
 
     def _value(self, h_last: torch.Tensor) -> torch.Tensor:
-        return self.critic(h_last).squeeze(-1) if self.has_critic else h_last.new_zeros(h_last.shape[0])
+        return self.critic(h_last).squeeze(-1).float() if self.has_critic \
+            else h_last.new_zeros(h_last.shape[0], dtype=torch.float32)
 
     # -- actions <-> bins ------------------------------------------------------------------
     def to_bins(self, action: torch.Tensor) -> torch.Tensor:
         if self.env_spec.discrete:
             return action.long().reshape(-1, 1)
         a = action.reshape(action.shape[0], -1).float()
-        scaled = (a - self.low) / (self.high - self.low) * self.nbins
+        low, high = self.low.float(), self.high.float()  # a model cast to bf16 casts these buffers too
+        scaled = (a - low) / (high - low) * self.nbins
         return scaled.floor().long().clamp_(0, self.nbins - 1)
 
     def from_bins(self, bins: torch.Tensor) -> torch.Tensor:
         if self.env_spec.discrete:
             return bins[:, 0]
-        a = self.low + (bins.float() + 0.5) * (self.high - self.low) / self.nbins
+        low, high = self.low.float(), self.high.float()
+        a = low + (bins.float() + 0.5) * (high - low) / self.nbins
         return a.view(bins.shape[0], *self.env_spec.action.shape)
 
     # -- policy interface ------------------------------------------------------------------
     def _teacher_forced(self, obs: Mapping[str, Any], bins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Bin logits [B, D, nbins] of every dimension given the previous ones, and the value [B]."""
-        x, attn = self._prefix(obs)
-        p = x.shape[1]
-        if self.dims > 1:
-            prev = self.lm.get_input_embeddings()(self.action_ids[bins[:, :-1]])
-            x = torch.cat([x, prev], dim=1)
-            attn = torch.cat([attn, torch.ones_like(attn[:, : self.dims - 1])], dim=1)
-        h, _ = self._backbone(x, attn)
-        return self._logits(h[:, p - 1:]), self._value(h[:, p - 1])
+        prev = self.lm.get_input_embeddings()(self.action_ids[bins[:, :-1]]) if self.dims > 1 else None
+        h, _, _, _ = self._forward(obs, prev)
+        return self._logits(h), self._value(h[:, 0])
 
     # -- chunk head ------------------------------------------------------------------------
     def _chunk_means(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Means [B, K, d] of the K actions (one pass: K query tokens after the prefix), their
         log std [K, d] and the value [B]."""
-        x, attn = self._prefix(obs)
-        b, p = x.shape[0], x.shape[1]
-        x = torch.cat([x, self.chunk_head.queries(torch.arange(self.action_chunk, device=x.device)).expand(b, -1, -1)],
-                      dim=1)
-        attn = torch.cat([attn, torch.ones_like(attn[:, : self.action_chunk])], dim=1)
-        h, _ = self._backbone(x, attn)
-        means, log_std = self.chunk_head(h[:, p:])
+        b = self._batch_size(obs)
+        dev = self.lm.get_input_embeddings().weight.device
+        queries = self.chunk_head.queries(torch.arange(self.action_chunk, device=dev)).expand(b, -1, -1)
+        h, _, _, _ = self._forward(obs, queries)
+        means, log_std = self.chunk_head(h[:, 1:])
         shape = (self.action_chunk, *self.env_spec.action.shape)
-        return means.view(b, *shape), log_std.view(shape), self._value(h[:, p - 1])
+        # the Gaussian in fp32 whatever the weights' dtype
+        return means.float().view(b, *shape), log_std.float().view(shape), self._value(h[:, 0])
 
     @staticmethod
     def _chunk_logp(action: torch.Tensor, means: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -408,19 +574,15 @@ class VLAPolicy(Policy):
     def act(self, obs: dict[str, Any], deterministic: bool = False) -> ActOutput:
         """tokens: decode the action tokens one dimension at a time, reusing the KV cache of the
         prefix. chunk: K Gaussian actions from one pass."""
-        from transformers import DynamicCache
-
         if self.cfg.head == "chunk":
             means, log_std, value = self._chunk_means(obs)
             action = means if deterministic else means + torch.exp(log_std) * torch.randn_like(means)
             return ActOutput(action, self._chunk_logp(action, means, log_std), value)
 
-        x, attn = self._prefix(obs)
-        positions = (attn.cumsum(1) - 1).clamp_min(0)
-        h, past = self._backbone(x, attn, DynamicCache(), positions)
+        h, attn, positions, past = self._forward(obs, keep_cache=True)
         value = self._value(h[:, -1])
         h = h[:, -1]
-        bins, logp = [], torch.zeros(x.shape[0], device=x.device)
+        bins, logp = [], torch.zeros(h.shape[0], device=h.device)
         for d in range(self.dims):
             lp = torch.log_softmax(self._logits(h), dim=-1)
             b = lp.argmax(-1) if deterministic else torch.multinomial(lp.exp(), 1).squeeze(-1)
@@ -428,7 +590,7 @@ class VLAPolicy(Policy):
             bins.append(b)
             if d + 1 < self.dims:
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                positions = positions[:, -1:] + 1
+                positions = positions + 1
                 emb = self.lm.get_input_embeddings()(self.action_ids[b]).unsqueeze(1)
                 h, past = self._backbone(emb, attn, past, positions)
                 h = h[:, -1]
@@ -447,9 +609,7 @@ class VLAPolicy(Policy):
         return EvalOutput(logp, entropy, value)
 
     def get_value(self, obs: dict[str, Any]) -> torch.Tensor:
-        x, attn = self._prefix(obs)
-        h, _ = self._backbone(x, attn)
-        return self._value(h[:, -1])
+        return self._value(self._forward(obs)[0][:, 0])
 
     def mean_action(self, obs: dict[str, Any]) -> torch.Tensor:
         """Expected bin centre of each dimension given the greedy choice of the previous ones
@@ -461,8 +621,9 @@ class VLAPolicy(Policy):
         with torch.no_grad():
             greedy = self.to_bins(self.act(obs, deterministic=True).action)
         logits, _ = self._teacher_forced(obs, greedy)
-        centres = self.low.unsqueeze(-1) + (torch.arange(self.nbins, device=logits.device) + 0.5) * \
-            ((self.high - self.low) / self.nbins).unsqueeze(-1)  # [D, nbins]
+        low, high = self.low.float(), self.high.float()
+        centres = low.unsqueeze(-1) + (torch.arange(self.nbins, device=logits.device) + 0.5) * \
+            ((high - low) / self.nbins).unsqueeze(-1)  # [D, nbins]
         mean = (logits.softmax(-1) * centres).sum(-1)
         return mean.view(mean.shape[0], *self.env_spec.action.shape)
 
