@@ -81,8 +81,9 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
         for batches in collector.epochs(exp, adv, ret, algo, generator):
             epoch = _Sums(run.names)
             for mb in batches:
-                out = policy.evaluate(mb.obs, mb.actions)
-                loss, stats = algo.loss(out, mb)
+                with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+                    out = policy.evaluate(mb.obs, mb.actions)
+                    loss, stats = algo.loss(out, mb)
                 _step(engine, stats["value_loss_raw"] if critic_only else loss, stats)
                 epoch.add(stats)
                 if epochs_run == 0:
@@ -115,7 +116,9 @@ def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector:
     run = _Sums()
     policy.train()
     for _ in range(steps):
-        loss, stats = algo.transition_loss(policy, collector.sample(algo, generator))
+        batch = collector.sample(algo, generator)
+        with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+            loss, stats = algo.transition_loss(policy, batch)
         _step(engine, loss, stats)
         algo.after_step(policy)
         run.add(stats)

@@ -58,7 +58,8 @@ def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tr
         total, count = 0.0, 0
         for mb in data.minibatches(algo.minibatch_size):
             engine.schedule(step / total_steps)
-            loss = algo.supervised_loss(policy, mb)
+            with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+                loss = algo.supervised_loss(policy, mb)
             engine.backward(loss)
             engine.step()
             total, count, step = total + float(loss.detach()), count + 1, step + 1
