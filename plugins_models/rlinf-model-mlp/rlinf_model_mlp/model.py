@@ -229,8 +229,10 @@ class MLPPolicy(Policy):
     @torch.no_grad()
     def update_targets(self, tau: float) -> None:
         """Polyak averaging: target <- (1 - tau) target + tau online."""
-        online = [p for p in self.q.parameters()]
-        target = [p for p in self.q_target.parameters()]
+        # read off the cached Linear layers: walking the module tree with .parameters() every
+        # gradient step cost ~0.2 ms of SAC's ~10 ms step (cProfile)
+        target = [t for layers in self._q_target_layers for lin in layers for t in (lin.weight, lin.bias)]
+        online = [t for layers in self._q_layers for lin in layers for t in (lin.weight, lin.bias)]
         torch._foreach_lerp_(target, online, tau)
 
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
