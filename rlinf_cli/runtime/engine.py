@@ -357,3 +357,20 @@ def bf16_setting(value: Any) -> bool | str:
     if text not in BF16_VALUES:
         raise UserError(f"train.bf16 must be one of {', '.join(BF16_VALUES)}, got '{value}'")
     return "auto" if text == "auto" else text == "true"
+
+
+def precision_note(engine: Engine) -> str | None:
+    """One line for the run's log when the engine trains in mixed precision (else None), with a
+    warning where the CPU lacks bf16 matrix instructions: oneDNN then emulates bf16 products and
+    they are slower than fp32, the opposite of what the setting is for."""
+    if not engine.bf16:
+        return None
+    line = "train.bf16=true: forward and backward passes under bf16 autocast (weights, gradients and optimizer in fp32)"
+    if engine.params and engine.params[0].device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = None
+        if flags is not None and "avx512_bf16" not in flags and "amx_bf16" not in flags:
+            line += "; this CPU has no bf16 matrix instructions (avx512_bf16/amx_bf16), so it likely runs slower than fp32"
+    return line
