@@ -1,6 +1,6 @@
 """Milliseconds per SAC gradient step: rlinf (fp32 and ``train.bf16=true``) vs Stable-Baselines3.
 
-The settings of ``benchmarks/mujoco_vs_sb3.py`` (batch 256, 256x256 ReLU, twin Q, automatic
+The settings of ``benchmarks/mujoco_vs_sb3.py`` (batch 256, 256x256 ReLU (``--hidden``), twin Q, automatic
 temperature, lr 3e-4) on a task's observation and action sizes, one thread, in one process.
 A gradient step here is what each library's training loop does per env step once learning has
 started, without the env step: rlinf's ``update_transitions`` (sample from its replay buffer
@@ -42,7 +42,8 @@ def random_transitions(obs_dim: int, act_dim: int, seed: int) -> dict[str, np.nd
             "terminated": rng.random(FILL) < 0.01}
 
 
-def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int) -> Callable[[int], None]:
+def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
+                  hidden: list[int]) -> Callable[[int], None]:
     """``run(n)``: n gradient steps through rlinf's own update loop and replay sampling."""
     from rlinf_algos.sac import SAC, SACConfig
 
@@ -60,7 +61,7 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int)
     torch.manual_seed(seed)
     algo = SAC(SACConfig(minibatch_size=256, lr=3e-4, utd=1.0, warmup_steps=0, init_temperature=1.0))
     algo.check(spec)
-    model_cfg = {"name": "mlp", "hidden_sizes": [256, 256], "activation": "relu", "ortho_init": False,
+    model_cfg = {"name": "mlp", "hidden_sizes": hidden, "activation": "relu", "ortho_init": False,
                  **algo.model_options()}
     policy = get_registry().load("model", "mlp")(model_cfg, spec)
     engine = make_engine(policy, algo.optim, {"backend": "torch", "bf16": bf16})
@@ -79,13 +80,13 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int)
     return run
 
 
-def sb3_stepper(task: str, data: dict[str, np.ndarray], seed: int) -> Callable[[int], None]:
+def sb3_stepper(task: str, data: dict[str, np.ndarray], seed: int, hidden: list[int]) -> Callable[[int], None]:
     from stable_baselines3 import SAC as SB3SAC
     from stable_baselines3.common.logger import configure
 
     model = SB3SAC("MlpPolicy", gym.make(task), learning_rate=3e-4, buffer_size=FILL, learning_starts=0,
                    batch_size=256, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto_1.0",
-                   seed=seed, device="cpu", verbose=0, policy_kwargs=dict(net_arch=[256, 256]))
+                   seed=seed, device="cpu", verbose=0, policy_kwargs=dict(net_arch=hidden))
     model.set_logger(configure(None, []))  # train() logs; no output formats
     buf = model.replay_buffer
     n = FILL
@@ -110,15 +111,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="gradient steps per timed block")
     p.add_argument("--blocks", type=int, default=7, help="timed blocks per variant (median reported)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", default="256,256", help="hidden layer widths of actor and critics")
     args = p.parse_args()
     torch.set_num_threads(1)
+    hidden = [int(h) for h in args.hidden.split(",")]
     env = gym.make(args.task)
     data = random_transitions(env.observation_space.shape[0], env.action_space.shape[0], args.seed)
     print(machine_line())
     variants: dict[str, Callable[[int], None]] = {
-        "rlinf fp32": rlinf_stepper(args.task, data, False, args.seed),
-        "rlinf bf16 (train.bf16=true)": rlinf_stepper(args.task, data, True, args.seed),
-        "sb3 fp32": sb3_stepper(args.task, data, args.seed),
+        "rlinf fp32": rlinf_stepper(args.task, data, False, args.seed, hidden),
+        "rlinf bf16 (train.bf16=true)": rlinf_stepper(args.task, data, True, args.seed, hidden),
+        "sb3 fp32": sb3_stepper(args.task, data, args.seed, hidden),
     }
     for run in variants.values():  # warm-up: first-call allocations, oneDNN kernel selection
         run(20)
@@ -130,7 +133,7 @@ def main() -> None:
             ms[name].append((time.perf_counter() - t0) * 1000 / args.steps)
     sb3 = median(ms["sb3 fp32"])
     rows: list[list[Any]] = [[name, median(v), min(v), max(v), sb3 / median(v)] for name, v in ms.items()]
-    print(f"{args.task}, batch 256, 256x256, {args.blocks} blocks x {args.steps} gradient steps, 1 thread")
+    print(f"{args.task}, batch 256, {'x'.join(map(str, hidden))}, {args.blocks} blocks x {args.steps} gradient steps, 1 thread")
     print(table(["variant", "ms/step (median)", "min", "max", "speed-up vs sb3"], rows))
     print("load after: " + machine_line().split("load average ")[1])
 
