@@ -257,13 +257,14 @@ def main() -> None:
             mean = lambda xs: sum(x["return"] for x in xs) / len(xs)  # noqa: E731
             sps = lambda xs: median([x["env_steps"] / x["train_s"] for x in xs])  # noqa: E731
             # each seed's rlinf run over the SB3 run beside it (parallel) or just before it (sequential)
-            paired = median([(b["env_steps"] / b["train_s"]) / (a["env_steps"] / a["train_s"]) for a, b in zip(sb3, mine)])
+            paired = median([(b["env_steps"] / b["train_s"]) / (a["env_steps"] / a["train_s"])
+                             for a, b in zip(sb3, mine)])
             rows.append([task, algo.upper(), mean(sb3), mean(mine), mean(mine) - mean(sb3), sps(sb3), sps(mine),
                          sps(mine) / sps(sb3), paired])
     print(table(["task", "algo", "sb3 return", "rlinf return", "rlinf - sb3", "sb3 steps/s", "rlinf steps/s",
                  "x sb3 (steps/s)", "x sb3 (per seed)"], rows))
-    print("returns: mean over seeds of 10 deterministic held-out episodes; steps/s: median over seeds, training loop only;"
-          " per seed: median over seeds of rlinf / sb3 of the same seed")
+    print("returns: mean over seeds of 10 deterministic held-out episodes; steps/s: median over seeds, "
+          "training loop only; per seed: median over seeds of rlinf / sb3 of the same seed")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(runs))

@@ -66,7 +66,8 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
     policy = get_registry().load("model", "mlp")(model_cfg, spec)
     engine = make_engine(policy, algo.optim, {"backend": "torch", "bf16": bf16})
     replay = ReplayBuffer(spec, ["state"], capacity=FILL)
-    replay.add({"state": data["obs"]}, data["actions"], data["rewards"], {"state": data["next_obs"]}, data["terminated"])
+    replay.add({"state": data["obs"]}, data["actions"], data["rewards"], {"state": data["next_obs"]},
+               data["terminated"])
     # the embodied collector's own sample() on a stand-in holding only what it reads
     collector = types.SimpleNamespace(_spec_rollout=algo.rollout_spec(), demos=None, replay=replay, normalizer=None,
                                       ctx=types.SimpleNamespace(device=torch.device("cpu")))
@@ -133,7 +134,8 @@ def main() -> None:
             ms[name].append((time.perf_counter() - t0) * 1000 / args.steps)
     sb3 = median(ms["sb3 fp32"])
     rows: list[list[Any]] = [[name, median(v), min(v), max(v), sb3 / median(v)] for name, v in ms.items()]
-    print(f"{args.task}, batch 256, {'x'.join(map(str, hidden))}, {args.blocks} blocks x {args.steps} gradient steps, 1 thread")
+    print(f"{args.task}, batch 256, {'x'.join(map(str, hidden))}, {args.blocks} blocks x {args.steps} "
+          f"gradient steps, 1 thread")
     print(table(["variant", "ms/step (median)", "min", "max", "speed-up vs sb3"], rows))
     print("load after: " + machine_line().split("load average ")[1])
 

@@ -372,5 +372,6 @@ def precision_note(engine: Engine) -> str | None:
         except OSError:
             flags = None
         if flags is not None and "avx512_bf16" not in flags and "amx_bf16" not in flags:
-            line += "; this CPU has no bf16 matrix instructions (avx512_bf16/amx_bf16), so it likely runs slower than fp32"
+            line += ("; this CPU has no bf16 matrix instructions (avx512_bf16/amx_bf16), "
+                     "so it likely runs slower than fp32")
     return line

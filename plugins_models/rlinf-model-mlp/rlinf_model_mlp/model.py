@@ -162,10 +162,10 @@ class MLPPolicy(Policy):
         ``detach``: through detached weights (gradients reach the input, not the layers)."""
         if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
             return (self.actor if layers is self._actor_layers else self.critic)(x)
-        last = len(layers) - 1
-        for i, lin in enumerate(layers[:last]):
-            x = self._fn(F.linear(x, lin.weight.detach(), lin.bias.detach()) if detach else F.linear(x, lin.weight, lin.bias))
-        out = layers[last]
+        for lin in layers[:-1]:
+            w, b = (lin.weight.detach(), lin.bias.detach()) if detach else (lin.weight, lin.bias)
+            x = self._fn(F.linear(x, w, b))
+        out = layers[-1]
         w, b = (out.weight.detach(), out.bias.detach()) if detach else (out.weight, out.bias)
         if x.dtype != torch.float32 and torch.is_autocast_enabled(x.device.type):
             # mixed precision (train.bf16): the output layer stays fp32. Its outputs (Q values,
