@@ -1,7 +1,9 @@
 """rlinf vs Stable-Baselines3 on MuJoCo locomotion, PPO and SAC at identical settings, side by side.
 
 For every seed, task and algorithm the two libraries run back to back (sb3, rlinf, sb3, ...), each
-in a fresh process, so load drifts hit both. Printed per (task, algorithm): the final return
+in a fresh process, so load drifts hit both; with ``--parallel`` the two processes of a (seed, task,
+algorithm) run at the same time instead (one thread each, half the wall time), so both see the same
+machine load. Printed per (task, algorithm): the final return
 (mean over seeds of 10 deterministic held-out episodes, seeds 1000000 + i for both) and training
 env-steps/s (the training loop only: SB3's ``learn()``, rlinf's ``time/rollout_s + time/update_s``),
 with rlinf / SB3 ratios. Learning curves (episode returns during training against env steps, one
@@ -20,11 +22,15 @@ smoothly to [-5, 2]; SB3 steps three optimizers, rlinf one over the three disjoi
 
     python benchmarks/mujoco_vs_sb3.py --tasks Hopper-v5,HalfCheetah-v5,Walker2d-v5,Ant-v5 \\
         --ppo-steps 300000 --sac-steps 100000 --seeds 2
+
+``--rlinf-set KEY=VALUE`` (repeatable) adds an override to every rlinf run, e.g. ``train.bf16=true``
+(bf16 autocast of the training matmuls) against the same SB3 settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -129,7 +135,7 @@ def rlinf_args(args: argparse.Namespace, task: str, algo: str, seed: int) -> lis
 def run_rlinf(args: argparse.Namespace, task: str, algo: str, seed: int) -> dict:
     rlinf = str(Path(sys.executable).with_name("rlinf"))
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [rlinf, "rl", *rlinf_args(args, task, algo, seed), f"run_dir={tmp}/run"]
+        cmd = [rlinf, "rl", *rlinf_args(args, task, algo, seed), *args.rlinf_set, f"run_dir={tmp}/run"]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         if out.returncode:
             raise SystemExit(f"rlinf {algo} {task} seed {seed} failed:\n{out.stderr[-2000:]}")
@@ -196,6 +202,10 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--out", default="benchmarks/results/mujoco_vs_sb3", help="learning-curve PNGs and raw JSON")
+    p.add_argument("--parallel", action="store_true",
+                   help="run the SB3 and rlinf process of each (seed, task, algo) at the same time (1 thread each)")
+    p.add_argument("--rlinf-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra override for every rlinf run (repeatable), e.g. train.bf16=true")
     # worker-only options
     p.add_argument("--sb3-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
@@ -214,27 +224,47 @@ def main() -> None:
                "sac": f"SAC {args.sac_steps:,} steps (warm-up {args.sac_warmup:,})"}
     print(f"tasks {tasks}; {'; '.join(budgets[a] for a in algos)}; seeds {args.seed}..{args.seed + args.seeds - 1}",
           flush=True)
+    if args.rlinf_set:
+        print(f"rlinf overrides: {' '.join(args.rlinf_set)}")
+    print("mode: " + ("parallel (sb3 and rlinf at the same time)" if args.parallel else "sequential (sb3, then rlinf)"))
+    libs = (("sb3", run_sb3), ("rlinf", run_rlinf))
     runs: dict[str, list[dict]] = {}
+    # two threads only wait on their child processes (subprocess.run releases the GIL)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2) if args.parallel else None
     for s in range(args.seeds):
         seed = args.seed + s
         for task in tasks:
             for algo in algos:
-                for lib, fn in (("sb3", run_sb3), ("rlinf", run_rlinf)):
-                    r = fn(args, task, algo, seed)
+                if pool is not None:
+                    futures = [pool.submit(fn, args, task, algo, seed) for _, fn in libs]
+                    results = [f.result() for f in futures]
+                else:
+                    results = [fn(args, task, algo, seed) for _, fn in libs]
+                for (lib, _), r in zip(libs, results):
                     runs.setdefault(f"{task} {algo} {lib}", []).append(r)
                     print(f"  seed {seed} {task} {algo} {lib}: return {r['return']:.1f}, "
                           f"{r['env_steps'] / r['train_s']:,.0f} env-steps/s", flush=True)
+                if pool is not None:
+                    pair = {lib: r['env_steps'] / r['train_s'] for (lib, _), r in zip(libs, results)}
+                    print(f"  seed {seed} {task} {algo}: side by side, rlinf / sb3 = "
+                          f"{pair['rlinf'] / pair['sb3']:.2f}x env-steps/s", flush=True)
+    if pool is not None:
+        pool.shutdown()
     rows = []
     for task in tasks:
         for algo in algos:
             sb3, mine = runs[f"{task} {algo} sb3"], runs[f"{task} {algo} rlinf"]
             mean = lambda xs: sum(x["return"] for x in xs) / len(xs)  # noqa: E731
             sps = lambda xs: median([x["env_steps"] / x["train_s"] for x in xs])  # noqa: E731
+            # each seed's rlinf run over the SB3 run beside it (parallel) or just before it (sequential)
+            paired = median([(b["env_steps"] / b["train_s"]) / (a["env_steps"] / a["train_s"])
+                             for a, b in zip(sb3, mine)])
             rows.append([task, algo.upper(), mean(sb3), mean(mine), mean(mine) - mean(sb3), sps(sb3), sps(mine),
-                         sps(mine) / sps(sb3)])
+                         sps(mine) / sps(sb3), paired])
     print(table(["task", "algo", "sb3 return", "rlinf return", "rlinf - sb3", "sb3 steps/s", "rlinf steps/s",
-                 "x sb3 (steps/s)"], rows))
-    print("returns: mean over seeds of 10 deterministic held-out episodes; steps/s: median over seeds, training loop only")
+                 "x sb3 (steps/s)", "x sb3 (per seed)"], rows))
+    print("returns: mean over seeds of 10 deterministic held-out episodes; steps/s: median over seeds, "
+          "training loop only; per seed: median over seeds of rlinf / sb3 of the same seed")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(runs))

@@ -4,7 +4,8 @@ Every stage trains through one interface::
 
     engine = make_engine(policy, algo.optim, cfg.train, accelerator)
     engine.schedule(fraction_of_the_run_done)   # the one learning-rate schedule (linear anneal)
-    loss = ...                                  # forward through engine.module (the policy)
+    with engine.autocast():                     # train.bf16: the forward pass in bf16 (else no-op)
+        loss = ...                              # forward through engine.module (the policy)
     engine.backward(loss)
     grad_norm = engine.step()                   # clip, optimizer step, zero grads
     engine.save(checkpoint_dir) / engine.load(checkpoint_dir)
@@ -13,6 +14,12 @@ Every stage trains through one interface::
   every embodied policy) step with :class:`~rlinf_cli.runtime.optim.LeanAdam`, bit-identical to
   ``torch.optim.Adam`` at a fraction of its Python cost; larger ones (language models) with
   torch's fused Adam kernel. Under ``torchrun`` gradients are all-reduced each step.
+  ``train.bf16=true``: mixed precision, the forward pass (and with it the backward pass) under
+  ``torch.autocast(bfloat16)``, so matrix products run in bf16 while the weights, their gradients,
+  the optimizer state and everything autocast keeps in fp32 stay fp32 (the MLP model also runs its
+  output layer in fp32: Q values, means, log stds and logits feed losses and log-probs).
+  ``auto`` is fp32 with this backend on every device: bf16 has not been shown to leave learning
+  unaffected for the small policies it trains (docs/algorithms.md).
 - ``train.backend=deepspeed``: :class:`DeepSpeedEngine`, ZeRO ``train.zero_stage`` (0-3), bf16
   where the accelerator supports it, ``torch_adam`` (DeepSpeed's fused Adam ops would JIT-compile
   for minutes on a CPU). Its optimizer state is saved and restored with DeepSpeed's own
@@ -35,6 +42,7 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.optim import FLAT_MAX_PARAMS, LeanAdam, LeanAdamW, clip_grad_norm
 
 BACKENDS = ("torch", "deepspeed")
+BF16_VALUES = ("auto", "true", "false")
 OPTIM_FILE = "optimizer.pt"
 DEEPSPEED_DIR = "deepspeed"
 
@@ -106,12 +114,20 @@ class Engine:
 
     backend = ""
 
+    bf16 = False  # autocast the forward pass to bf16 (TorchEngine with train.bf16=true)
+
     def __init__(self, module: torch.nn.Module, optim: OptimSpec):
         self.module = module
         self.optim = optim
         self.rank, self.world_size = world()
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._frozen: list[torch.Tensor] = []
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context the training forward pass and loss are computed in: bf16 autocast when
+        this engine trains in mixed precision, otherwise nothing. The backward pass needs no
+        context: autograd replays the dtypes the forward pass recorded."""
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
@@ -173,9 +189,18 @@ class TorchEngine(Engine):
 
     backend = "torch"
 
-    def __init__(self, module: torch.nn.Module, optim: OptimSpec):
+    def __init__(self, module: torch.nn.Module, optim: OptimSpec, bf16: bool = False):
         super().__init__(module, optim)
         self.optimizer = self._optimizer()
+        self.bf16 = bool(bf16)
+        self._device_type = self.params[0].device.type if self.params else "cpu"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if not self.bf16:
+            return contextlib.nullcontext()
+        # the weights stay fp32 (the optimizer's master copy); autocast casts them per matmul and
+        # caches the casts of leaf parameters until the context exits, once per gradient step
+        return torch.autocast(self._device_type, dtype=torch.bfloat16)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         o = self.optim
@@ -311,13 +336,42 @@ def make_engine(policy: torch.nn.Module, optim: OptimSpec, train_cfg: Any, accel
     backend = str(get("backend", "torch") or "torch")
     if backend not in BACKENDS:
         raise UserError(f"train.backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
+    bf16 = bf16_setting(get("bf16", "auto"))
     if backend == "torch":
-        return TorchEngine(policy, optim)
+        return TorchEngine(policy, optim, bf16=bf16 is True)  # auto: fp32 (see the module docstring)
     stage = int(get("zero_stage", 2))
     if stage not in (0, 1, 2, 3):
         raise UserError(f"train.zero_stage must be 0, 1, 2 or 3, got {stage}")
-    bf16 = get("bf16", "auto")
     supports = bool(accelerator.supports_bf16()) if accelerator is not None else False
     on_cpu = accelerator is None or accelerator.device().type == "cpu"
-    use_bf16 = (supports and not on_cpu) if bf16 in ("auto", None) else bool(bf16)
-    return DeepSpeedEngine(policy, optim, stage, use_bf16, accelerator)
+    use_bf16 = (supports and not on_cpu) if bf16 == "auto" else bf16
+    return DeepSpeedEngine(policy, optim, stage, bool(use_bf16), accelerator)
+
+
+def bf16_setting(value: Any) -> bool | str:
+    """``train.bf16`` as ``True``, ``False`` or ``"auto"`` (null counts as auto); anything else
+    is refused rather than read as truthy (``bf16=yes`` must not silently mean something)."""
+    if value is None or value is True or value is False:
+        return "auto" if value is None else value
+    text = str(value).strip().lower()
+    if text not in BF16_VALUES:
+        raise UserError(f"train.bf16 must be one of {', '.join(BF16_VALUES)}, got '{value}'")
+    return "auto" if text == "auto" else text == "true"
+
+
+def precision_note(engine: Engine) -> str | None:
+    """One line for the run's log when the engine trains in mixed precision (else None), with a
+    warning where the CPU lacks bf16 matrix instructions: oneDNN then emulates bf16 products and
+    they are slower than fp32, the opposite of what the setting is for."""
+    if not engine.bf16:
+        return None
+    line = "train.bf16=true: forward and backward passes under bf16 autocast (weights, gradients and optimizer in fp32)"
+    if engine.params and engine.params[0].device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = None
+        if flags is not None and "avx512_bf16" not in flags and "amx_bf16" not in flags:
+            line += ("; this CPU has no bf16 matrix instructions (avx512_bf16/amx_bf16), "
+                     "so it likely runs slower than fp32")
+    return line

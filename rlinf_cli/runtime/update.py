@@ -81,8 +81,9 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
         for batches in collector.epochs(exp, adv, ret, algo, generator):
             epoch = _Sums(run.names)
             for mb in batches:
-                out = policy.evaluate(mb.obs, mb.actions)
-                loss, stats = algo.loss(out, mb)
+                with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+                    out = policy.evaluate(mb.obs, mb.actions)
+                    loss, stats = algo.loss(out, mb)
                 _step(engine, stats["value_loss_raw"] if critic_only else loss, stats)
                 epoch.add(stats)
                 if epochs_run == 0:
@@ -113,11 +114,29 @@ def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector:
     collected = collector.collected()
     steps = algo.gradient_steps(collected - exp.env_steps, collected)
     run = _Sums()
-    policy.train()
+    if steps:  # the warm-up's iterations train nothing: no switch to training mode
+        _set_training(policy, True)
     for _ in range(steps):
-        loss, stats = algo.transition_loss(policy, collector.sample(algo, generator))
+        batch = collector.sample(algo, generator)
+        with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+            loss, stats = algo.transition_loss(policy, batch)
         _step(engine, loss, stats)
         algo.after_step(policy)
         run.add(stats)
-    policy.eval()
+    if steps or policy.training:  # it leaves in eval mode, as before; once there, the check is free
+        _set_training(policy, False)
     return {**run.means(), "train/gradient_steps": float(steps)}
+
+
+def _set_training(policy: torch.nn.Module, mode: bool) -> None:
+    """``policy.train(mode)``, cheaper where every submodule keeps ``nn.Module.train``: the same
+    flag set on each, without ``nn.Module.__setattr__``'s checks (which only matter for parameters,
+    submodules and buffers). The off-policy loop switches twice per iteration, i.e. per env step
+    with SAC's ``rollout_steps=1``: ~150 -> ~45 us per pair for SAC's 34 modules, measured, out of
+    a ~10 ms step. A module with a ``train`` of its own gets the real call."""
+    modules = list(policy.modules())
+    if any(type(m).train is not torch.nn.Module.train for m in modules):
+        policy.train(mode)
+        return
+    for m in modules:
+        object.__setattr__(m, "training", mode)

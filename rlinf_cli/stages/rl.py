@@ -69,7 +69,7 @@ def setup(cfg: Any) -> Run:
     import torch
 
     from rlinf_cli import collectors
-    from rlinf_cli.runtime.engine import make_engine, setup_ranks
+    from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
 
     algo = common.load_algorithm(cfg, "rl")
     if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must sample it
@@ -95,6 +95,9 @@ def setup(cfg: Any) -> Run:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
                         f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none")
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
+    note = precision_note(engine)
+    if note:
+        ctx.note(note)
     # a frozen copy of the starting policy, only when the algorithm asks for one (a KL term)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.needs_reference() else None
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)

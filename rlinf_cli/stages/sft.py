@@ -21,7 +21,7 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     from omegaconf import OmegaConf
 
     from rlinf_cli import collectors
-    from rlinf_cli.runtime.engine import make_engine, setup_ranks
+    from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
 
     text, sim_node, sim_choice = collectors.dataset_source(cfg.dataset)  # a missing dataset is the first error
     algo = common.load_algorithm(cfg, "sft")
@@ -41,6 +41,9 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
                         f"trains on the dataset's raw observations: start from a checkpoint without statistics")
     data.prepare(policy, ctx.note)
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
+    note = precision_note(engine)
+    if note:
+        ctx.note(note)
     return ctx, algo, collector, data, policy, engine, rank
 
 
@@ -58,7 +61,8 @@ def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tr
         total, count = 0.0, 0
         for mb in data.minibatches(algo.minibatch_size):
             engine.schedule(step / total_steps)
-            loss = algo.supervised_loss(policy, mb)
+            with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
+                loss = algo.supervised_loss(policy, mb)
             engine.backward(loss)
             engine.step()
             total, count, step = total + float(loss.detach()), count + 1, step + 1

@@ -1,0 +1,190 @@
+"""Mixed precision (`train.bf16=true` on the torch backend): matrix products of the training
+forward and backward passes run in bf16, while weights, gradients, optimizer state, losses,
+log-probs and Q targets stay fp32; `auto` stays fp32; bad values are refused up front."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rlinf_cli.api import ArraySpec, EnvSpec
+from tests.conftest import RLINF
+
+PENDULUM = ["sim=gymnasium", "sim.env_id=Pendulum-v1", "algo=sac", "tracking.enabled=false", "progress=false"]
+MATMULS = {"addmm", "mm", "bmm", "linear", "matmul"}
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Records the dtype of every matrix product that reaches the kernels (after autocast)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.overloadpacket.__name__ in MATMULS:
+            self.seen.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _sac(bf16: object, seed: int = 0):
+    """A SAC policy, algorithm and engine on a 3-d / 2-d toy spec, and one fixed batch."""
+    from rlinf_algos.sac import SAC, SACConfig
+
+    from rlinf_cli.algorithm import TransitionBatch
+    from rlinf_cli.registry import get_registry
+    from rlinf_cli.runtime.engine import make_engine
+
+    spec = EnvSpec(observation={"state": ArraySpec((3,), "float32")},
+                   action=ArraySpec((2,), "float32", low=-2.0, high=2.0), max_episode_steps=5)
+    algo = SAC(SACConfig(minibatch_size=64, warmup_steps=0))
+    algo.check(spec)
+    torch.manual_seed(seed)
+    policy = get_registry().load("model", "mlp")(
+        {"name": "mlp", "hidden_sizes": [32, 32], "activation": "relu", **algo.model_options()}, spec)
+    engine = make_engine(policy, algo.optim, {"backend": "torch", "bf16": bf16})
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    batch = TransitionBatch({"state": torch.randn(n, 3, generator=g) * 3}, torch.rand(n, 2, generator=g) * 4 - 2,
+                            torch.randn(n, generator=g) * 50, {"state": torch.randn(n, 3, generator=g) * 3},
+                            (torch.rand(n, generator=g) < 0.1).float(), torch.zeros(n))
+    return policy, algo, engine, batch
+
+
+def _gradient_step(policy, algo, engine, batch) -> tuple[torch.Tensor, dict, list[torch.dtype], dict]:
+    """One step as rlinf_cli/runtime/update.py takes it; also the dtypes the policy's outputs had."""
+    seen: dict[str, list[torch.dtype]] = {"logp": [], "q": [], "autocast": []}
+    sample, q_values = policy.sample, policy.q_values
+
+    def spy_sample(obs):
+        a, logp = sample(obs)
+        seen["logp"].append(logp.dtype)
+        seen["autocast"].append(torch.is_autocast_enabled("cpu"))
+        return a, logp
+
+    def spy_q(*args, **kwargs):
+        q = q_values(*args, **kwargs)
+        seen["q"].append(q.dtype)
+        return q
+
+    policy.sample, policy.q_values = spy_sample, spy_q
+    try:
+        with MatmulDtypes() as mode:
+            with engine.autocast():
+                loss, stats = algo.transition_loss(policy, batch)
+            engine.backward(loss)
+        engine.step()
+        algo.after_step(policy)
+    finally:
+        del policy.sample, policy.q_values
+    return loss, stats, mode.seen, seen
+
+
+def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp32():
+    policy, algo, engine, batch = _sac(True)
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    loss, stats, matmuls, seen = _gradient_step(policy, algo, engine, batch)
+    assert engine.bf16
+    # hidden layers in bf16 (forward and backward); the output layers (fp32 by design) are the rest
+    assert matmuls.count(torch.bfloat16) > len(matmuls) // 2, matmuls
+    assert torch.float32 in matmuls  # output layers: Q values, means and log stds stay fp32
+    assert all(seen["autocast"])  # the loss was computed inside the engine's autocast
+    assert set(seen["logp"]) == {torch.float32} and set(seen["q"]) == {torch.float32}
+    assert loss.dtype == torch.float32 and all(v.dtype == torch.float32 for v in stats.values())
+    after = policy.state_dict()
+    assert all(v.dtype == torch.float32 for v in after.values())  # master weights, targets, temperature
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any(k.startswith("actor.") for k in moved) and any(k.startswith("q.") for k in moved)
+    assert any(k.startswith("q_target.") for k in moved) and "log_alpha" in moved  # every part still learns
+    assert not torch.is_autocast_enabled("cpu")  # nothing leaks out of the update
+
+
+@pytest.mark.parametrize("setting", [False, "auto", None])
+def test_fp32_unless_asked(setting):
+    """`auto` (the default) and false keep every matrix product in fp32 on CPU."""
+    policy, algo, engine, batch = _sac(setting)
+    _, _, matmuls, seen = _gradient_step(policy, algo, engine, batch)
+    assert not engine.bf16 and matmuls and set(matmuls) == {torch.float32}
+    assert not any(seen["autocast"])
+
+
+def test_bf16_loss_is_close_to_fp32_but_not_equal():
+    """Same weights, same batch: the bf16 loss differs from fp32 (the products really ran in
+    bf16) by about bf16's rounding, not more (the casts are in the right places)."""
+    torch.manual_seed(3)  # the actor's reparameterisation noise: the same draws for both
+    loss32 = _gradient_step(*_sac(False))[0].item()
+    torch.manual_seed(3)
+    loss16 = _gradient_step(*_sac(True))[0].item()
+    assert loss16 != loss32
+    assert abs(loss16 - loss32) < 0.02 * abs(loss32), (loss16, loss32)
+
+
+def test_ppo_trains_under_the_same_autocast(cli, monkeypatch):
+    """The on-policy loop takes the engine's autocast too (one option for every algorithm): a
+    PPO run through the CLI evaluates its minibatches under bf16 autocast, with fp32 log-probs."""
+    from rlinf_model_mlp.model import MLPPolicy
+
+    calls: list[tuple[bool, torch.dtype]] = []
+    evaluate = MLPPolicy.evaluate
+
+    def spy(self, obs, action):
+        out = evaluate(self, obs, action)
+        calls.append((torch.is_autocast_enabled("cpu"), out.logprob.dtype))
+        return out
+
+    monkeypatch.setattr(MLPPolicy, "evaluate", spy)
+    args = ["rl", "sim=gymnasium", "sim.env_id=Pendulum-v1", "algo=ppo", "tracking.enabled=false", "progress=false",
+            "num_envs=2", "algo.rollout_steps=16", "algo.minibatch_size=16", "algo.epochs=1", "total_steps=64",
+            "eval.episodes=0", "model.hidden_sizes=[16,16]"]
+    res = cli(*args, "train.bf16=true", "run_dir=b")
+    assert res.code == 0, res.err[-2000:]
+    assert calls and all(on and dtype == torch.float32 for on, dtype in calls), calls
+    calls.clear()
+    res = cli(*args, "run_dir=f")  # the default: no autocast
+    assert res.code == 0, res.err[-2000:]
+    assert calls and not any(on for on, _ in calls)
+
+
+def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([RLINF, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_sac_with_bf16_runs_through_the_cli(workdir):
+    res = _run("rl", *PENDULUM, "num_envs=1", "algo.rollout_steps=8", "algo.warmup_steps=64", "algo.minibatch_size=32",
+               "algo.buffer_size=1000", "model.hidden_sizes=[32,32]", "total_steps=400", "eval.episodes=1",
+               "train.bf16=true", "run_dir=b")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "train.bf16=true" in res.stderr  # the run says what it does
+    rows = [json.loads(x) for x in (workdir / "b/metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r.get("train/gradient_steps", 0) > 0]
+    assert trained and all(np.isfinite(r["train/critic_loss"]) and np.isfinite(r["train/actor_loss"]) for r in trained)
+    assert np.isfinite(json.loads((workdir / "b/result.json").read_text())["eval"]["return_mean"])
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "bf16"])
+def test_bad_bf16_value_is_one_line_and_exit_2(cli, value):
+    res = cli("rl", *PENDULUM, f"train.bf16={value}", "run_dir=x")
+    assert res.code == 2, res.err
+    lines = [x for x in res.err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "train.bf16" in lines[0] and "auto, true or false" in lines[0], res.err
+    assert "Traceback" not in res.err and not Path("x").exists()
+
+
+@pytest.mark.slow
+def test_sac_learns_pendulum_in_bf16(workdir):
+    """The settings of test_sac.py::test_sac_learns_pendulum with train.bf16=true: the same bar."""
+    res = _run("rl", *PENDULUM, "num_envs=1", "algo.rollout_steps=8", "algo.warmup_steps=1000", "algo.lr=1e-3",
+               "algo.buffer_size=20000", "model.hidden_sizes=[64,64]", "model.activation=relu", "total_steps=12000",
+               "checkpoint.interval=500", "eval.episodes=10", "train.bf16=true", "run_dir=p")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(x) for x in (workdir / "p/metrics.jsonl").read_text().splitlines()]
+    first = next(r["rollout/return_mean"] for r in rows if "rollout/return_mean" in r)
+    final = json.loads((workdir / "p/result.json").read_text())["eval"]["return_mean"]
+    assert first < -700, first
+    assert final > -400 and final > first + 500, (first, final)
