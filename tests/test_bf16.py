@@ -188,3 +188,15 @@ def test_sac_learns_pendulum_in_bf16(workdir):
     final = json.loads((workdir / "p/result.json").read_text())["eval"]["return_mean"]
     assert first < -700, first
     assert final > -400 and final > first + 500, (first, final)
+
+
+def test_bf16_null_means_auto():
+    """`train.bf16=null` passes validation and the engine reads it as auto (fp32 on the torch backend)."""
+    from rlinf_cli.runtime.engine import bf16_setting
+    from rlinf_cli.validate import COMMON
+
+    rule = next(r for r in COMMON if r[0] == "train.bf16")
+    assert rule[1](None) and rule[1]("auto") and rule[1](True) and not rule[1]("yes")
+    assert bf16_setting(None) == "auto"
+    _, _, engine, _ = _sac(None)
+    assert engine.bf16 is False
