@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--sft-epochs", type=int, default=100)
     ap.add_argument("--ppo-steps", type=int, default=50_000, help="rl total_steps (policy steps: chunks for --head chunk)")
     ap.add_argument("--grpo-steps", type=int, default=50_000)
+    ap.add_argument("--ppo-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra overrides of the PPO stage (after the recommended ones), e.g. algo.kl_coef=0.1 sim.reward=shaped")
+    ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides of the GRPO stage")
     ap.add_argument("--eval-episodes", type=int, default=50, help="held-out episodes per task")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs, measures nothing")
     ap.add_argument("--out", default="bench_vla_metaworld")
@@ -88,10 +91,10 @@ def main() -> None:
     # the settings docs/vla.md recommends for model=vla (measured on reach-v3, 2026-11-30): a gentle
     # actor (lr 3e-5, 4 epochs) behind a critic warmed up at its own, larger rate; GRPO at 1e-4
     res = run(["rl", "--algo", "ppo", *common, f"init={sft_vla}", f"num_envs={envs}", "algo.rollout_steps=64",
-               f"total_steps={a.ppo_steps}", *PPO_VLA, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"], log)
+               f"total_steps={a.ppo_steps}", *PPO_VLA, *a.ppo_set, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"], log)
     times["ppo vla"] = res["wall_s"]
     res = run(["rl", "--algo", "grpo", *common, f"init={sft_vla}", *GRPO_VLA,
-               f"total_steps={a.grpo_steps}", "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
+               f"total_steps={a.grpo_steps}", *a.grpo_set, "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
     times["grpo vla"] = res["wall_s"]
 
     rows: dict[str, dict[str, float]] = {}

@@ -86,6 +86,27 @@ def test_ppo_loss_gradients_flow_and_stats_are_finite():
     assert all(torch.isfinite(v) for v in stats.values())
 
 
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_kl_to_the_reference_pulls_the_policy_back_and_is_zero_on_it(name):
+    """kl_coef adds k3 KL(ref || policy): zero where the policy equals its reference, and its
+    gradient moves each log-prob towards the reference's (PPO and GRPO share the estimator)."""
+    algo = (PPO if name == "ppo" else GRPO).from_config({"name": name, "kl_coef": 0.5})
+    assert algo.needs_reference()
+    assert not (PPO if name == "ppo" else GRPO).from_config({"name": name}).needs_reference()
+    ref = torch.tensor([-1.0, -2.0, -0.5, -1.5])
+    adv = torch.zeros(4)  # no policy-gradient signal: only the KL term moves the log-probs
+    mb = MiniBatch(ref.clone(), adv, torch.zeros(4), torch.zeros(4), ref_logprob=ref)
+    on_ref = ref.clone().requires_grad_()
+    loss, stats = algo.loss(EvalOutput(on_ref, torch.ones(4), torch.zeros(4)), mb)
+    assert float(stats["kl_ref"]) == pytest.approx(0.0, abs=1e-7)
+    away = (ref + torch.tensor([0.5, -0.5, 0.3, -0.3])).requires_grad_()
+    loss, stats = algo.loss(EvalOutput(away, torch.ones(4), torch.zeros(4)), mb._replace(old_logprob=away.detach()))
+    assert float(stats["kl_ref"]) > 0.01
+    loss.backward()
+    # gradient descent lowers log-probs above the reference and raises those below it
+    assert torch.all(torch.sign(away.grad) == torch.sign(away.detach() - ref))
+
+
 def test_grpo_steps_share_their_episode_advantage():
     algo = GRPO.from_config({"name": "grpo", "group_size": 2, "groups": 1})
     r = _rollout(T=4, N=2)
@@ -97,6 +118,7 @@ def test_grpo_steps_share_their_episode_advantage():
 
 @pytest.mark.parametrize("node, msg", [({"name": "ppo", "gamma": 1.5}, "gamma"),
                                        ({"name": "ppo", "clipratio": 0.1}, "Did you mean 'algo.clip_ratio'"),
+                                       ({"name": "ppo", "kl_coef": -0.1}, "kl_coef"),
                                        ({"name": "ppo", "epochs": "many"}, "expected int"),
                                        ({"name": "grpo", "group_size": 1}, "group_size must be >= 2")])
 def test_config_validation_is_a_user_error(node, msg):

@@ -133,3 +133,20 @@ def test_runner_restore_replays_running_episodes_into_the_same_state():
     assert [e.length for e in nxt.episodes] == [e.length for e in again.episodes]
     np.testing.assert_array_equal(a.state()["episodes"], b.state()["episodes"])
     assert isinstance(spec, EnvSpec) and ArraySpec
+
+
+def test_a_resumed_run_keeps_the_kl_reference_it_started_from(workdir):
+    """algo.kl_coef penalises drift from the init= policy; a resumed run must measure the drift
+    from that same policy (not from the weights it resumed), so its metrics, kl_ref included,
+    are the uninterrupted run's."""
+    env = _env(None)
+    _run([*ARGS[:-1], "total_steps=128", "eval.episodes=0", "tracking.enabled=false", "run_dir=start"], env)
+    iters = 8
+    args = [*ARGS[:-1], f"total_steps={16 * 2 * iters}", "eval.episodes=0", "tracking.enabled=false",
+            f"init={workdir / 'start/checkpoints/final'}", "algo.kl_coef=0.5", "algo.critic_warmup_iters=1",
+            "algo.anneal_lr=false", "checkpoint.interval=1", "checkpoint.keep=100"]
+    _run([*args, "run_dir=full"], env)
+    _run([f"resume={workdir / 'full/checkpoints/iter_000004'}", "run_dir=resumed"], env)
+    full, resumed = _metrics(workdir / "full"), _metrics(workdir / "resumed")
+    assert len(full) >= iters and resumed == full[4:]
+    assert resumed[0]["train/kl_ref"] > 1e-6  # the policy had drifted by then: the reference is the start

@@ -248,11 +248,13 @@ class EmbodiedCollector:
                             f"policy for its observations (model=mlp)")
         return model.load()(model_node, spec).to(self.ctx.device)
 
-    def prepare_rl(self, policy: Any, cfg: Any) -> None:
+    def prepare_rl(self, policy: Any, cfg: Any, fresh: bool | None = None) -> None:
         """RL from a cloned policy (``init=``): cloning shrank its action std until it barely
         explores, so it is reset, and kept fixed so PPO cannot collapse or inflate it while the
-        mean improves. A resumed run keeps the std it had."""
-        std = cfg.get("init_action_std") if cfg.init and not cfg.resume else None
+        mean improves. A resumed run keeps the std it had (``fresh=True``: prepare the init=
+        policy as the run's start did, e.g. a resumed run's KL reference)."""
+        fresh = bool(cfg.init and not cfg.resume) if fresh is None else fresh
+        std = cfg.get("init_action_std") if fresh else None
         if std is not None and std <= 0:
             raise UserError(f"init_action_std must be > 0 (or null to keep the checkpoint's), got {std}")
         learn = cfg.get("learn_action_std")

@@ -280,7 +280,7 @@ class TextCollector:
             raise UserError(f"{where}: model '{name}' is not a text model (it lacks {', '.join(missing)}); use model=hf")
         return policy
 
-    def prepare_rl(self, policy: Any, cfg: Any) -> None:
+    def prepare_rl(self, policy: Any, cfg: Any, fresh: bool | None = None) -> None:
         pass
 
     def actor(self, source: str, deterministic: bool, seed: int) -> Any:

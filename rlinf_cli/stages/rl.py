@@ -99,7 +99,14 @@ def setup(cfg: Any) -> Run:
     if note:
         ctx.note(note)
     # a frozen copy of the starting policy, only when the algorithm asks for one (a KL term)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.needs_reference() else None
+    reference = None
+    if algo.needs_reference():
+        # a resumed run keeps its reference: the init= policy it started from, not the resumed weights
+        start = policy
+        if cfg.resume and cfg.init:
+            start = collector.policy(cfg.init, model_config(cfg, algo))
+            collector.prepare_rl(start, cfg, fresh=True)
+        reference = copy.deepcopy(start).eval().requires_grad_(False)
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
     run = Run(cfg, ctx, algo, collector, policy, engine, generator, rank, world,
               {"iteration": 0, "env_steps": 0}, reference=reference)

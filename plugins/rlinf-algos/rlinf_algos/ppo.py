@@ -33,6 +33,7 @@ class PPOConfig(TrainConfig):
     target_kl: float | None = None  # stop the epoch loop once mean approx KL exceeds this
     critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
     critic_warmup_lr: float | None = None  # learning rate of those critic-only iterations; null = lr
+    kl_coef: float = 0.0  # weight of k3 KL to the frozen starting policy (RL from init=: keeps the clone's skills; 0 = off)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,6 +47,8 @@ class PPOConfig(TrainConfig):
             raise ValueError("rollout_steps must be >= 1")
         if self.critic_warmup_lr is not None and self.critic_warmup_lr <= 0:
             raise ValueError(f"critic_warmup_lr must be > 0 (or null = lr), got {self.critic_warmup_lr}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
 
 def gae(rollout: Experience, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +94,9 @@ class PPO(Algorithm):
     def critic_only_lr(self) -> float | None:
         return self.config.critic_warmup_lr
 
+    def needs_reference(self) -> bool:
+        return self.config.kl_coef > 0
+
     def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config
         adv = mb.advantages
@@ -108,15 +114,21 @@ class PPO(Algorithm):
             v_loss = 0.5 * ((v - mb.returns) ** 2).mean()
         entropy = out.entropy.mean()
         loss = pg_loss + c.value_coef * v_loss - c.entropy_coef * entropy
+        stats: dict[str, torch.Tensor] = {}
+        if c.kl_coef > 0 and mb.ref_logprob is not None:
+            # the same k3 estimator as GRPO's: a penalty for drifting from the policy RL started from
+            kl = approx_kl(mb.ref_logprob - out.logprob).mean()
+            loss = loss + c.kl_coef * kl
+            stats["kl_ref"] = kl.detach()
         with torch.no_grad():
-            stats = {
+            stats.update({
                 "policy_loss": pg_loss,
                 "value_loss": v_loss,
                 "entropy": entropy,
                 "approx_kl": approx_kl(logratio).mean(),
                 "clip_frac": clipped.float().mean(),
                 "explained_variance": 1.0 - (mb.returns - v).var() / mb.returns.var().clamp_min(1e-8),
-            }
+            })
         # Critic warm-up (critic_only) minimises this instead. Unclipped: value
         # clipping keeps V within clip_value of the rollout's values, which would let an untrained
         # critic move only clip_value per iteration towards returns it has never seen.
