@@ -117,6 +117,22 @@ def test_expert_solves_reach_and_sparse_reward_is_success():
         assert e.task == 0
 
 
+def test_shaped_reward_runs_past_success_unless_asked_to_stop():
+    """Ending at success would cost a shaped-reward policy the rest of the episode's reward (up to
+    10 per step), teaching it to avoid success: with reward=shaped the default runs to the limit."""
+    sim = make(task="reach-v3", max_episode_steps=80, reward="shaped")
+    env = SyncVecEnv(sim, range(3), autoreset=False)
+    episodes = run_episodes(env, common.expert_actor(sim), [100, 101, 102])
+    env.close()
+    assert all(e.success_once for e in episodes) and all(e.length == 80 for e in episodes)
+    assert all(e.ret > 80 for e in episodes)  # dense reward on every step, ~10 near the goal
+    stop = make(task="reach-v3", max_episode_steps=80, reward="shaped", terminate_on_success=True)
+    env = SyncVecEnv(stop, range(3), autoreset=False)
+    episodes = run_episodes(env, common.expert_actor(stop), [100, 101, 102])
+    env.close()
+    assert all(e.success_once and e.length < 80 for e in episodes)
+
+
 def test_multi_task_seed_selects_task():
     sim = make(tasks=["reach-v3", "push-v3", "door-open-v3"], max_episode_steps=3)
     assert sim.spec.tasks == ("reach-v3", "push-v3", "door-open-v3")

@@ -10,8 +10,9 @@
   (int, index into ``EnvSpec.tasks``), and with pixels ``rgb`` ([H, W, 3] uint8) plus
   ``proprio`` (hand position and gripper opening, now and one step before; 8-d).
 - Reward ``sparse`` (default): 1 at each step where the task is solved (with
-  ``terminate_on_success`` that is the last step: the return is the success). ``shaped``:
-  Meta-World's dense reward (0-10 per step).
+  ``terminate_on_success``, its default, that is the last step: the return is the success).
+  ``shaped``: Meta-World's dense reward (0-10 per step), by default without ending at success,
+  which would make success cost the rest of the episode's reward.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class MetaWorldConfig:
     tasks: tuple[str, ...] = ()  # several tasks for one multi-task policy; task = tasks[seed % len]
     benchmark: str | None = None  # MT10 | MT50: Meta-World's task sets (overrides task/tasks)
     max_episode_steps: int = 200  # steps before truncation (Meta-World's own limit is 500)
-    terminate_on_success: bool = True  # end the episode at the first successful step
+    # end the episode at the first successful step; null = with the sparse reward only: under the
+    # shaped one (up to 10 per step) ending early forfeits the rest, so RL learns to avoid success
+    terminate_on_success: bool | None = None
     reward: str = "sparse"  # sparse: 1 when solved, else 0 | shaped: Meta-World's dense reward
     reward_scale: float = 1.0  # rewards are multiplied by this
     obs: str = "state"  # state | rgb (pixels + proprioception) | state_rgb (both)
@@ -60,6 +63,8 @@ class MetaWorldConfig:
             raise ValueError(f"benchmark must be MT10, MT50 or null, got {self.benchmark!r}")
         if self.max_episode_steps < 1 or self.image_size < 8:
             raise ValueError("max_episode_steps must be >= 1 and image_size >= 8")
+        if self.terminate_on_success is None:
+            object.__setattr__(self, "terminate_on_success", self.reward == "sparse")
 
     @property
     def rgb(self) -> bool:
