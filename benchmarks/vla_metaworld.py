@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--ppo-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra overrides of the PPO stage (after the recommended ones), e.g. algo.kl_coef=0.1 sim.reward=shaped")
     ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides of the GRPO stage")
+    ap.add_argument("--algos", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"], help="RL algorithms to run")
     ap.add_argument("--eval-episodes", type=int, default=50, help="held-out episodes per task")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs, measures nothing")
     ap.add_argument("--out", default="bench_vla_metaworld")
@@ -90,18 +91,22 @@ def main() -> None:
     envs = min(8, 2 * n)
     # the settings docs/vla.md recommends for model=vla (measured on reach-v3, 2026-11-30): a gentle
     # actor (lr 3e-5, 4 epochs) behind a critic warmed up at its own, larger rate; GRPO at 1e-4
-    res = run(["rl", "--algo", "ppo", *common, f"init={sft_vla}", f"num_envs={envs}", "algo.rollout_steps=64",
-               f"total_steps={a.ppo_steps}", *PPO_VLA, *a.ppo_set, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"], log)
-    times["ppo vla"] = res["wall_s"]
-    res = run(["rl", "--algo", "grpo", *common, f"init={sft_vla}", *GRPO_VLA,
-               f"total_steps={a.grpo_steps}", *a.grpo_set, "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
-    times["grpo vla"] = res["wall_s"]
+    if "ppo" in a.algos:
+        res = run(["rl", "--algo", "ppo", *common, f"init={sft_vla}", f"num_envs={envs}", "algo.rollout_steps=64",
+                   f"total_steps={a.ppo_steps}", *PPO_VLA, *a.ppo_set, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"],
+                  log)
+        times["ppo vla"] = res["wall_s"]
+    if "grpo" in a.algos:
+        res = run(["rl", "--algo", "grpo", *common, f"init={sft_vla}", *GRPO_VLA,
+                   f"total_steps={a.grpo_steps}", *a.grpo_set, "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
+        times["grpo vla"] = res["wall_s"]
 
     rows: dict[str, dict[str, float]] = {}
     ev = ["eval", *common, f"episodes={a.eval_episodes * n}", "num_envs=8"]
-    for label, ckpt in (("expert", "expert"), ("CNN/MLP + task id, SFT", root / "sft_mlp" / "checkpoints" / "best"),
-                        ("VLA SFT", sft_vla), ("VLA SFT -> PPO", root / "ppo_vla" / "checkpoints" / "final"),
-                        ("VLA SFT -> GRPO", root / "grpo_vla" / "checkpoints" / "final")):
+    evals = [("expert", "expert"), ("CNN/MLP + task id, SFT", root / "sft_mlp" / "checkpoints" / "best"),
+             ("VLA SFT", sft_vla)]
+    evals += [(f"VLA SFT -> {algo.upper()}", root / f"{algo}_vla" / "checkpoints" / "final") for algo in a.algos]
+    for label, ckpt in evals:
         extra = [*sim, *obs_mode] if ckpt == "expert" else []
         res = run([*ev, *extra, f"checkpoint={ckpt}", f"run_dir={root / ('eval_' + label.split()[0].lower() + str(len(rows)))}"], log)
         rows[label] = per_task(res, a.tasks)
