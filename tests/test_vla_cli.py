@@ -95,24 +95,3 @@ def test_vla_trains_under_deepspeed_zero3(cli_proc, workdir, head):
     policy = load_policy(workdir / "ds" / "checkpoints" / "final")
     assert all(p.numel() > 0 for p in policy.parameters())
 
-
-@pytest.mark.slow  # ~2 min on 2 cores: the issue's "tiny SFT -> RL run that raises success on one easy task"
-def test_vla_sft_then_ppo_raises_success_on_reach(cli, workdir):
-    """Three expert demos clone a weak policy; PPO on Meta-World's shaped reward (the episode no
-    longer ends at success, sim.terminate_on_success's default for it) raises success on the same
-    40 held-out seeds. Measured 7/40 -> 19/40 (2026-11-30); the bar leaves room for other CPUs."""
-    sim = ["sim=metaworld", "sim.task=reach-v3", "sim.max_episode_steps=100"]
-    res = cli("collect", *sim, *QUIET, "policy=expert", "only_success=true", "episodes=3", "num_envs=3", "output=data")
-    assert res.code == 0, res.err
-    res = cli("sft", *QUIET, "dataset=data", "model=vla", "model.head=chunk", "model.chunk=4", "algo.epochs=100",
-              "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=40", "run_dir=sft")
-    assert res.code == 0, res.err
-    cloned = json.loads((workdir / "sft" / "result.json").read_text())["eval"]["success_once"]
-    res = cli("rl", "--algo", "ppo", *QUIET, "init=sft/checkpoints/best", "num_envs=8", "algo.rollout_steps=64",
-              "total_steps=10240", "algo.lr=3e-5", "algo.epochs=4", "algo.minibatch_size=128", "algo.anneal_lr=false",
-              "algo.critic_warmup_iters=5", "algo.critic_warmup_lr=1e-3", "sim.reward=shaped",
-              "env.normalize_reward=true", "eval.episodes=40", "run_dir=ppo")
-    assert res.code == 0, res.err
-    tuned = json.loads((workdir / "ppo" / "result.json").read_text())["eval"]
-    assert tuned["episodes"] == 40
-    assert tuned["success_once"] >= cloned + 0.15, (cloned, tuned["success_once"])
