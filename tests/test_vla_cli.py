@@ -35,8 +35,11 @@ def test_vla_collect_sft_ppo_grpo_eval_chain(cli, workdir):
     policy = load_policy(sft)
     assert "instruction" in policy.observation_keys and "task_id" not in policy.observation_keys
 
+    # the shaped reward: a 4-epoch clone rarely succeeds in 128 steps, and all-zero sparse rewards
+    # would give zero advantages (nothing to move the actor, whatever the code does)
     res = cli("rl", "--algo", "ppo", *QUIET, f"init={sft}", "num_envs=2", "algo.rollout_steps=32", "total_steps=128",
-              "algo.critic_warmup_iters=1", "algo.minibatch_size=32", "eval.episodes=2", "run_dir=runs/ppo")
+              "algo.critic_warmup_iters=1", "algo.minibatch_size=32", "sim.reward=shaped", "eval.episodes=2",
+              "run_dir=runs/ppo")
     assert res.code == 0, res.err
     rows = [json.loads(line) for line in (workdir / "runs" / "ppo" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/approx_kl" in r]

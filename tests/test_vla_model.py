@@ -170,7 +170,10 @@ def test_the_instruction_changes_the_output():
     with torch.no_grad():
         same = policy.evaluate(obs, a).logprob
         diff = policy.evaluate(swapped, a).logprob
-    assert same[0] == same[1] and diff[0] == same[0] and abs(float(diff[1] - diff[0])) > 1e-4
+    # rows of one batch agree to rounding (not bit for bit: the kernels' blocking depends on the CPU)
+    torch.testing.assert_close(same[1], same[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(diff[0], same[0], rtol=0, atol=1e-5)
+    assert abs(float(diff[1] - diff[0])) > 1e-3
 
     # and a policy trained on two instructions with the same observation follows the instruction
     targets = torch.tensor([[0.5, -0.5, 0.25], [-0.5, 0.5, -0.25]])
