@@ -248,3 +248,10 @@ def clipped_surrogate(
 def approx_kl(logratio: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(old || new), per sample."""
     return torch.expm1(logratio) - logratio
+
+
+def reference_kl(logprob: torch.Tensor, mb: MiniBatch) -> torch.Tensor:
+    """k3 KL(reference || policy) over the minibatch's valid samples: the penalty of ``kl_coef``
+    terms against drifting from the frozen starting policy (``needs_reference``)."""
+    assert mb.ref_logprob is not None, "reference_kl needs minibatches with ref_logprob (needs_reference)"
+    return masked_mean(approx_kl(mb.ref_logprob - logprob), mb.mask)

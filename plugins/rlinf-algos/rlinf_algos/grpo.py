@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, masked_mean
+from rlinf_cli.algorithm import (Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, masked_mean,
+                                 reference_kl)
 from rlinf_cli.policy import EvalOutput
 from rlinf_cli.experience import Experience
 
@@ -99,7 +100,7 @@ class GRPO(Algorithm):
         loss = pg_loss - c.entropy_coef * entropy
         stats = {}
         if c.kl_coef > 0 and mb.ref_logprob is not None:
-            kl = masked_mean(approx_kl(mb.ref_logprob - out.logprob), mb.mask)
+            kl = reference_kl(out.logprob, mb)
             loss = loss + c.kl_coef * kl
             stats["kl_ref"] = kl.detach()
         with torch.no_grad():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate
+from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, reference_kl
 from rlinf_cli.policy import EvalOutput
 from rlinf_cli.experience import Experience
 
@@ -116,8 +116,7 @@ class PPO(Algorithm):
         loss = pg_loss + c.value_coef * v_loss - c.entropy_coef * entropy
         stats: dict[str, torch.Tensor] = {}
         if c.kl_coef > 0 and mb.ref_logprob is not None:
-            # the same k3 estimator as GRPO's: a penalty for drifting from the policy RL started from
-            kl = approx_kl(mb.ref_logprob - out.logprob).mean()
+            kl = reference_kl(out.logprob, mb)
             loss = loss + c.kl_coef * kl
             stats["kl_ref"] = kl.detach()
         with torch.no_grad():
