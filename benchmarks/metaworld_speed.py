@@ -3,7 +3,9 @@
 1. env step (random actions): Meta-World's own helpers vs the plugin's exact vectorised ones
    (rlinf_sim_metaworld/fast.py: contact check and quaternions);
 2. pixels at 84x84: `env.render()` (Meta-World's renderer) vs the plugin's FastRenderer;
-3. env creation: `gym.make("Meta-World/MT1", ...)` vs the plugin's (first build, then from the pool).
+3. env creation: `gym.make("Meta-World/MT1", ...)` vs the plugin's (first build, then from the pool);
+4. action chunks from pixels (K=4, 84x84, what model=vla model.head=chunk runs): every inner step
+   rendered vs only the chunk's last (the env's `step_unobserved`, rlinf_cli/runtime/chunking.py).
 
 Each number is the median of --repeats measurements, alternating the variants so that load from
 other processes hits both alike. Prints ratios.
@@ -121,6 +123,35 @@ def main() -> None:
     m1, m2, m3 = (statistics.median(x) for x in (make_mt1, make_ours, reuse))
     print(f"env creation ({task}): gym.make MT1 {m1:.2f} s, plugin first build {m2:.2f} s ({m1 / m2:.1f}x), "
           f"from the pool incl. reset {m3 * 1000:.0f} ms ({m1 / m3:.0f}x)")
+
+    from rlinf_cli.runtime.chunking import ChunkedEnv
+
+    class EveryStepObserved:  # hides step_unobserved: what chunks cost before it existed
+        def __init__(self, env):
+            self.env = env
+
+        def reset(self, **kw):
+            return self.env.reset(**kw)
+
+        def step(self, action):
+            return self.env.step(action)
+
+    pixels = MetaWorldSimulator({"task": task, "obs": "state_rgb", "image_size": 84})
+    every, last = ChunkedEnv(EveryStepObserved(pixels.make_env(0)), 4), ChunkedEnv(pixels.make_env(1), 4)
+    chunks = rng.uniform(-1, 1, size=(max(a.steps // 4, 10), 4, 4)).astype(np.float32)
+    rates: dict[str, list[float]] = {"every": [], "last": []}
+    for _ in range(a.repeats):
+        for name, env in (("every", every), ("last", last)):
+            env.reset(seed=0)
+            t0 = time.perf_counter()
+            for c in chunks:
+                _, _, term, trunc, _ = env.step(c)
+                if term or trunc:
+                    env.reset()
+            rates[name].append(4 * len(chunks) / (time.perf_counter() - t0))
+    e, lst = statistics.median(rates["every"]), statistics.median(rates["last"])
+    print(f"chunks of 4 from pixels 84x84 ({task}): every step rendered {e:.0f} env-steps/s, "
+          f"the chunk's last only {lst:.0f} env-steps/s: {lst / e:.2f}x")
 
 
 if __name__ == "__main__":

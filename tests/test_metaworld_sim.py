@@ -177,6 +177,45 @@ def test_pixels_upright_and_deterministic():
         pixels_only.expert()
 
 
+def test_chunks_from_pixels_render_only_the_observation_they_return():
+    """A chunk of 4 steps renders once (its last step's camera), not 4 times, and returns exactly
+    what stepping the plain env 4 times returns; a chunk cut short by the episode's end renders
+    the end state."""
+    from rlinf_cli.runtime.chunking import ChunkedEnv
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def render(self, data):
+            self.calls += 1
+            return self.inner.render(data)
+
+    sim = make(task="button-press-v3", obs="state_rgb", image_size=32, max_episode_steps=10)
+    plain, chunked = sim.make_env(0), sim.make_env(1)
+    chunks = np.random.default_rng(0).uniform(-1, 1, size=(3, 4, 4)).astype(np.float32)
+    plain.reset(seed=5)
+    chunked.reset(seed=5)
+    key = (sim.cfg.camera, 32)
+    counter = chunked._env._rlinf_renderers[key] = Counting(chunked._env._rlinf_renderers[key])
+    wrapped = ChunkedEnv(chunked, 4)
+    for c, chunk in enumerate(chunks):  # steps 1-4, 5-8, then 9-10 where the episode is truncated
+        total = 0.0
+        for a in chunk:
+            obs, reward, term, trunc, _ = plain.step(a)
+            total += reward
+            if term or trunc:
+                break
+        got, got_reward, got_term, got_trunc, info = wrapped.step(chunk)
+        assert counter.calls == c + 1
+        assert (got_reward, got_term, got_trunc) == (total, term, trunc)
+        for k in obs:
+            np.testing.assert_array_equal(got[k], obs[k])
+    assert got_trunc and info["chunk_steps"] == 2
+    plain.close()
+    chunked.close()
+
+
 def test_envs_are_pooled():
     sim = make(task="drawer-close-v3")
     env = sim.make_env(0)

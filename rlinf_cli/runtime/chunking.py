@@ -15,6 +15,12 @@ truncation, so no action of a chunk leaks into the next episode. The step return
 Being an ordinary env, the wrapper works everywhere envs go (worker processes, evaluation,
 GRPO groups) and exact resume replays its ``[K, ...]`` actions. Episode lengths and the ``rl``
 budget count policy steps (chunks), not inner env steps.
+
+Only the chunk's last observation reaches the policy. An env that can step without building its
+observation (optional ``step_unobserved(action) -> (reward, terminated, truncated, info)`` plus
+``observe() -> obs``) skips the K - 1 in between: for a pixel env that is K - 1 camera renders
+per chunk saved (Meta-World from pixels: see docs/benchmarks.md). The numbers are the same
+either way; ``observe()`` is called only where the episode ends inside the chunk.
 """
 
 from __future__ import annotations
@@ -52,8 +58,14 @@ class ChunkedEnv:
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         total, success = 0.0, False
         obs, terminated, truncated, info = None, False, False, {}
+        blind = getattr(self.env, "step_unobserved", None)
         for k in range(self.k):
-            obs, reward, terminated, truncated, info = self.env.step(action[k])
+            if blind is not None and k < self.k - 1:
+                reward, terminated, truncated, info = blind(action[k])
+                if terminated or truncated:
+                    obs = self.env.observe()
+            else:
+                obs, reward, terminated, truncated, info = self.env.step(action[k])
             total += float(reward)
             success = success or bool(info.get("success", False))
             if terminated or truncated:

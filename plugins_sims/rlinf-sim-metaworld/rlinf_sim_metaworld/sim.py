@@ -131,6 +131,7 @@ class MetaWorldEnv:
         self._env: Any = None
         self._task = 0
         self._steps = 0
+        self._state: np.ndarray | None = None
 
     def _raw(self, task_id: int) -> Any:
         env = self._envs.get(task_id)
@@ -149,20 +150,30 @@ class MetaWorldEnv:
         self._task = int(seed) % len(self.tasks)
         self._env = self._raw(self._task)
         self._env.np_random, _ = seeding.np_random(int(seed))
-        state, _ = self._env.reset()
+        self._state, _ = self._env.reset()
         self._steps = 0
-        return self._obs(state), {"task": self.tasks[self._task], "seed": int(seed)}
+        return self._obs(self._state), {"task": self.tasks[self._task], "seed": int(seed)}
 
     def step(self, action: np.ndarray) -> tuple[Obs, float, bool, bool, dict]:
+        reward, terminated, truncated, info = self.step_unobserved(action)
+        return self.observe(), reward, terminated, truncated, info
+
+    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """``step`` without building the observation (no camera render): action chunks call
+        this for every inner step but the last (rlinf_cli/runtime/chunking.py)."""
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(4), -1.0, 1.0)
-        state, shaped, _, _, info = self._env.step(a)
+        self._state, shaped, _, _, info = self._env.step(a)
         self._steps += 1
         success = bool(info.get("success", False))
         reward = float(success) if self.cfg.reward == "sparse" else float(shaped)
         terminated = success and self.cfg.terminate_on_success
         truncated = not terminated and self._steps >= self.cfg.max_episode_steps
-        return (self._obs(state), reward * self.cfg.reward_scale, terminated, truncated,
-                {"success": success, "task": self.tasks[self._task]})
+        info = {"success": success, "task": self.tasks[self._task]}
+        return reward * self.cfg.reward_scale, terminated, truncated, info
+
+    def observe(self) -> Obs:
+        """The observation of the current state (what the last ``step`` or ``reset`` returned)."""
+        return self._obs(self._state)
 
     def _obs(self, state: np.ndarray) -> Obs:
         obs: Obs = {"task_id": np.asarray(self._task, dtype=np.int64)}
