@@ -29,22 +29,34 @@ def _final(run_dir: str) -> tuple[float, dict]:
 
 @pytest.mark.slow
 def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
-    """The local executor's bar (tests/test_learning_cartpole.py: >= 475 after 100k steps), and the
-    very same run: synchronous actors step the same envs with the same seeds and actions."""
+    """The very same run as the local executor: synchronous actors step the same envs with the
+    same seeds and actions, so every metric row and the final weights are equal, and it learns
+    (return 4x its first rollouts'). 24k steps, not the local bar's 100k
+    (tests/test_learning_cartpole.py): under load a Ray step costs several times an in-process
+    one, and equality row by row carries the local executor's bar over."""
     import torch
 
     from tests.conftest import CARTPOLE_PPO
 
-    common = ["total_steps=100000", "eval.episodes=10", "progress=false", "tracking.enabled=false", *CARTPOLE_PPO]
+    common = ["total_steps=24000", "eval.episodes=10", "progress=false", "tracking.enabled=false", *CARTPOLE_PPO]
     r = cli("rl", *common, "run_dir=local")
     assert r.code == 0, r.err
     r = cli("rl", *common, "executor=ray", "run_dir=ray")
     assert r.code == 0, r.err
     assert "runtime: ray (local Ray instance), disaggregated: 8 envs in" in r.err
-    first = json.loads((Path("ray") / "metrics.jsonl").read_text().splitlines()[0])["rollout/return_mean"]
+
+    def rows(run: str) -> list[dict]:
+        skip = ("time/", "perf/", "sys/")  # wall-clock columns differ between any two runs
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(skip)}
+                for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+    local_rows, ray_rows = rows("local"), rows("ray")  # Ray's rows add transport columns
+    assert len(ray_rows) == len(local_rows) >= 90
+    assert [{k: row[k] for k in want} for row, want in zip(ray_rows, local_rows)] == local_rows
+    first = ray_rows[0]["rollout/return_mean"]
     (local_ret, local_w), (ray_ret, ray_w) = _final("local"), _final("ray")
-    assert ray_ret >= 475 and ray_ret > 4 * first, (first, ray_ret)  # it learned, to the local bar
-    assert ray_ret == local_ret  # synchronous actors: the very same run as in-process envs
+    assert ray_ret > 4 * first, (first, ray_ret)  # it learned
+    assert ray_ret == local_ret
     for k in local_w:
         assert torch.equal(local_w[k], ray_w[k]), k
 
