@@ -61,10 +61,10 @@ demo: install
 	$(VENV)/bin/rlinf pipeline $(DEMO)
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not maniskill and not isaaclab and not libero"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not maniskill and not isaaclab and not libero"
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not maniskill and not isaaclab and not libero"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow and not maniskill and not isaaclab and not libero"
 
 # ManiSkill3 lives in its own environment: mani-skill 3.0.1 needs numpy<2 and a Vulkan driver.
 # .venv-maniskill gets ManiSkill, rlinf without its training dependencies (--no-deps + the
