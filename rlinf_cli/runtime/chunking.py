@@ -19,7 +19,7 @@ budget count policy steps (chunks), not inner env steps.
 Only the chunk's last observation reaches the policy. An env that can step without building its
 observation (optional ``step_unobserved(action) -> (reward, terminated, truncated, info)`` plus
 ``observe() -> obs``) skips the K - 1 in between: for a pixel env that is K - 1 camera renders
-per chunk saved (Meta-World from pixels: see docs/benchmarks.md). The numbers are the same
+per chunk saved (Meta-World from pixels: docs/metaworld.md, "Speed"). The numbers are the same
 either way; ``observe()`` is called only where the episode ends inside the chunk.
 """
 
