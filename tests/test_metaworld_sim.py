@@ -196,24 +196,28 @@ def test_chunks_from_pixels_render_only_the_observation_they_return():
     chunks = np.random.default_rng(0).uniform(-1, 1, size=(3, 4, 4)).astype(np.float32)
     plain.reset(seed=5)
     chunked.reset(seed=5)
-    key = (sim.cfg.camera, 32)
-    counter = chunked._env._rlinf_renderers[key] = Counting(chunked._env._rlinf_renderers[key])
+    renderers, key = chunked._env._rlinf_renderers, (sim.cfg.camera, 32)
+    original = renderers[key]
+    counter = renderers[key] = Counting(original)
     wrapped = ChunkedEnv(chunked, 4)
-    for c, chunk in enumerate(chunks):  # steps 1-4, 5-8, then 9-10 where the episode is truncated
-        total = 0.0
-        for a in chunk:
-            obs, reward, term, trunc, _ = plain.step(a)
-            total += reward
-            if term or trunc:
-                break
-        got, got_reward, got_term, got_trunc, info = wrapped.step(chunk)
-        assert counter.calls == c + 1
-        assert (got_reward, got_term, got_trunc) == (total, term, trunc)
-        for k in obs:
-            np.testing.assert_array_equal(got[k], obs[k])
-    assert got_trunc and info["chunk_steps"] == 2
-    plain.close()
-    chunked.close()
+    try:
+        for c, chunk in enumerate(chunks):  # steps 1-4, 5-8, then 9-10 where the episode is truncated
+            total = 0.0
+            for a in chunk:
+                obs, reward, term, trunc, _ = plain.step(a)
+                total += reward
+                if term or trunc:
+                    break
+            got, got_reward, got_term, got_trunc, info = wrapped.step(chunk)
+            assert counter.calls == c + 1
+            assert (got_reward, got_term, got_trunc) == (total, term, trunc)
+            for k in obs:
+                np.testing.assert_array_equal(got[k], obs[k])
+        assert got_trunc and info["chunk_steps"] == 2
+    finally:
+        renderers[key] = original  # the env goes back to the per-process pool: leave no test double in it
+        plain.close()
+        chunked.close()
 
 
 def test_envs_are_pooled():
