@@ -20,6 +20,14 @@ such as SmolLM2's gives these short texts.
 (one env per task, in this process, state + instruction), ``--repeats`` blocks of 16 policy steps
 for each policy, alternating; policy steps per second (all envs), environment stepping included.
 
+``--train``: a training step instead: ``evaluate`` + backward of a PPO-sized minibatch
+(``--minibatch``, rows carrying the tasks' instructions) in train mode, with the gradient. With
+the prefix shared, each distinct instruction runs once per minibatch and its rows share its
+keys/values; without, every row runs its own instruction. Reports milliseconds per step and the
+largest gradient difference between the two paths.
+
+    OMP_NUM_THREADS=1 python benchmarks/vla_prefix_cache.py --train --backbones tiny
+
 Columns: milliseconds per ``act`` call (all envs at once, no gradient) without and with the
 cache, the speed-up, ``cold``: the first act after a weight change (the cache refilled: what each
 rollout after an update pays once), and the largest log-prob difference between the two paths.
@@ -120,6 +128,39 @@ def run(backbone: str, head: str, a: argparse.Namespace) -> list:
             f"{up / uc:.2f}x", f"{median(cold):.2f}", f"{diff:.1e}"]
 
 
+def _train_ms(policy, obs: dict, action) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    policy.zero_grad(set_to_none=True)
+    ev = policy.evaluate(obs, action)
+    (ev.logprob.mean() + ev.value.pow(2).mean() + 0.01 * ev.entropy.mean()).backward()
+    ms = (time.perf_counter() - t0) * 1e3
+    return ms, {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+
+
+def run_train(backbone: str, head: str, a: argparse.Namespace) -> list:
+    import torch
+
+    cached, plain = _policies(backbone, head, a.pixels, a.max_instruction_tokens)
+    cached.train()
+    plain.train()
+    steps = [_obs(a.minibatch, a.tasks, a.pixels, seed) for seed in range(a.repeats)]
+    with torch.no_grad():
+        actions = [plain.act(o).action for o in steps]
+    for o, act in list(zip(steps, actions))[:2]:  # warm-up
+        _train_ms(plain, o, act)
+        _train_ms(cached, o, act)
+    t_plain, t_cached, diff = [], [], 0.0
+    for o, act in zip(steps, actions):  # alternate, so that load from other processes falls on both
+        ms, ref = _train_ms(plain, o, act)
+        t_plain.append(ms)
+        ms, grads = _train_ms(cached, o, act)
+        t_cached.append(ms)
+        diff = max(diff, max(float((grads[n] - ref[n]).abs().max()) for n in ref))
+    up, uc = median(t_plain), median(t_cached)
+    params = sum(p.numel() for p in cached.parameters())
+    return [backbone, head, f"{params / 1e6:.1f}M", f"{up:.1f}", f"{uc:.1f}", f"{up / uc:.2f}x", f"{diff:.1e}"]
+
+
 def run_rollout(backbone: str, head: str, a: argparse.Namespace) -> list:
     from rlinf_cli.registry import make_simulator
     from rlinf_cli.runtime.chunking import ChunkedSimulator, chunk_of
@@ -159,6 +200,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20, help="timed act calls per path (median reported)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rollout", action="store_true", help="time Runner rollouts on Meta-World envs, not act alone")
+    ap.add_argument("--train", action="store_true", help="time evaluate + backward of a minibatch, not act")
+    ap.add_argument("--minibatch", type=int, default=128, help="--train: rows per minibatch")
     a = ap.parse_args()
 
     import torch
@@ -170,6 +213,13 @@ def main() -> None:
               "per policy, sampled actions, env stepping included")
         rows = [run_rollout(b, h, a) for b in a.backbones for h in a.heads]
         print(table(["backbone", "head", "params", "uncached steps/s", "cached steps/s", "speed-up"], rows))
+        return
+    if a.train:
+        print(f"minibatch of {a.minibatch} rows, {'pixels + proprio' if a.pixels else 'state'} + instruction, "
+              f"instructions of {len(a.tasks)} Meta-World tasks, {a.repeats} repeats, evaluate + backward")
+        rows = [run_train(b, h, a) for b in a.backbones for h in a.heads]
+        print(table(["backbone", "head", "params", "per-row prefix ms", "shared prefix ms", "speed-up",
+                     "max |grad diff|"], rows))
         return
     print(f"{a.envs} envs, {'pixels + proprio' if a.pixels else 'state'} + instruction, "
           f"instructions of {len(a.tasks)} Meta-World tasks, {a.repeats} repeats, greedy act")

@@ -24,7 +24,7 @@ RLINF = str(Path(sys.executable).with_name("rlinf"))
 # pytest-xdist (`--dist loadfile --no-loadscope-reorder`, Makefile) hands whole files to its
 # workers in collection order; putting the longest first lets the two workers finish together
 # instead of one running a 5-minute file alone at the end. Rough numbers are enough.
-HEAVY_FILES = {"test_vla_learning.py": 280, "test_release.py": 270, "test_faults.py": 195,
+HEAVY_FILES = {"test_vla_learning.py": 130, "test_release.py": 270, "test_faults.py": 195,
                "test_resume_exact.py": 165, "test_sac.py": 160, "test_rl_backends.py": 140,
                "test_normalize.py": 130, "test_executor_ray.py": 100, "test_bad_input_e2e.py": 95,
                "test_bf16.py": 90, "test_text_cli.py": 85, "test_vla_cli.py": 70, "test_robot.py": 70}

@@ -1,6 +1,6 @@
 """The learning claim of model=vla through the CLI: a clone of three expert demos on Meta-World
 reach-v3 (state + instruction, the chunk head), then PPO at the settings docs/vla.md recommends,
-raises success on the same held-out seeds. Its own file so pytest-xdist can place this ~5-minute
+raises success on the same held-out seeds. Its own file so pytest-xdist can place this ~2-minute
 test beside the rest of the suite."""
 
 from __future__ import annotations

@@ -135,3 +135,35 @@ def test_inputs_without_an_instruction_or_without_anything_else():
     cached, plain = _pair(obs_keys=["instruction"])
     _same(cached, plain, obs)
     assert cached._prefix_kv.computed == 0
+
+
+def _grads(policy: VLAPolicy) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head", ["tokens", "chunk"])
+def test_training_pass_shares_each_instruction_and_gives_the_full_pass_gradients(head, monkeypatch):
+    """With a gradient, each distinct instruction of a minibatch runs once and its rows share its
+    keys/values: the loss and every parameter's gradient equal the full pass's."""
+    cached, plain = _pair(head=head)
+    obs = _mixed(16, 5, TEXTS)  # 16 rows, at most 5 distinct instructions of different lengths
+    with torch.no_grad():
+        action = plain.act(obs).action
+    shared_calls = []
+    real = VLAPolicy._shared_instruction_kv
+    monkeypatch.setattr(VLAPolicy, "_shared_instruction_kv",
+                        lambda self, *a: shared_calls.append(a[0]) or real(self, *a))
+    outs = []
+    for policy in (cached, plain):
+        policy.zero_grad()
+        ev = policy.evaluate(obs, action)
+        (ev.logprob.sum() + ev.value.sum() + 0.1 * ev.entropy.sum()).backward()
+        outs.append((ev, _grads(policy)))
+    assert len(shared_calls) == 1  # the cached policy took the shared path, the plain one did not
+    for x, y in zip(outs[0][0], outs[1][0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=ATOL)
+    assert outs[0][1].keys() == outs[1][1].keys() and len(outs[0][1]) > 10
+    for name, g in outs[0][1].items():
+        torch.testing.assert_close(g, outs[1][1][name], rtol=1e-4, atol=1e-5, msg=name)
+    backbone = [n for n in outs[0][1] if n.startswith("lm.")]
+    assert backbone and any(outs[0][1][n].abs().sum() > 0 for n in backbone)  # the instruction's gradient arrived

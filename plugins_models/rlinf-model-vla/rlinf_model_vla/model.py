@@ -9,7 +9,9 @@ Sequence fed to the backbone, one row per env (left-padded to the longest instru
 The instruction comes first so that the part that changes every step (images, proprioception)
 and the action tokens sit after it: the keys and values of ``<bos> instruction`` depend only on
 the text and the weights, so rollouts (no gradient) compute them once per distinct instruction
-and reuse them across steps and envs (``model.prefix_cache``; see ``_PrefixCache``).
+and reuse them across steps and envs (``model.prefix_cache``; see ``_PrefixCache``). Passes with a
+gradient (training) run each distinct instruction of the batch once and share its keys and
+values, gradient included, among the rows that carry it (``_shared_instruction_kv``).
 
 ``tokens`` head (OpenVLA-style): each continuous action dimension is discretised into ``bins``
 uniform bins over the action bounds, and bin ``i`` of every dimension is the vocabulary token
@@ -60,7 +62,7 @@ class VLAConfig:
     temperature: float = 1.0  # sampling temperature of action tokens
     critic: bool = True  # value head on the backbone's hidden state
     max_instruction_tokens: int = 64  # instructions are cut to this many tokens
-    prefix_cache: bool = True  # reuse the instruction's KV cache when no gradient is taken (exact)
+    prefix_cache: bool = True  # instruction keys/values once per instruction (rollouts) or per batch (training); exact
     vision: str = "cnn"  # cnn | hf
     vision_path: str | None = None  # vision=hf: local transformers vision model directory; None = tiny ViT
     image_tokens: int = 4  # tokens per image (hf: patch tokens average-pooled to this many; 0 = all)
@@ -388,8 +390,9 @@ class VLAPolicy(Policy):
         and the first action read) and of the E ``extra`` embeddings after it, the attention mask
         [B, W + R + E] of the whole sequence (W: the longest instruction, R: the image and proprio
         tokens), the last token's position [B, 1] and, with ``keep_cache``, the KV cache to decode
-        further tokens from. The instruction's keys and
-        values come from the prefix cache when no gradient is taken (see ``_use_prefix_cache``).
+        further tokens from. The instruction's keys and values come from the prefix cache when no
+        gradient is taken (``_use_prefix_cache``), and from one pass over the batch's distinct
+        instructions when one is (``_share_prefix``).
         """
         embed = self.lm.get_input_embeddings()
         dev = embed.weight.device
@@ -410,6 +413,11 @@ class VLAPolicy(Policy):
             positions = lengths.unsqueeze(1) + torch.arange(n, device=dev)  # as if the instruction were there
             h, past = self._backbone(tail, attn, past, positions)
             return h[:, rest - 1:], attn, positions[:, -1:], past if keep_cache else None
+        if self._share_prefix(rows, width, rest):
+            past = self._shared_instruction_kv(rows, width, dev)
+            positions = lengths.unsqueeze(1) + torch.arange(n, device=dev)
+            h, past = self._backbone(tail, attn, past, positions)
+            return h[:, rest - 1:], attn, positions[:, -1:], past if keep_cache else None
         pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         ids = torch.full((batch, width), pad, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -427,6 +435,36 @@ class VLAPolicy(Policy):
         return (self.cfg.prefix_cache and width > 0 and rest > 0 and not torch.is_grad_enabled()
                 and not (self.training and self._lm_dropout)
                 and not hasattr(self.lm.get_input_embeddings().weight, "ds_id"))
+
+    def _share_prefix(self, rows: list[list[int]], width: int, rest: int) -> bool:
+        # with a gradient: worth it only where rows repeat an instruction (a rollout's batch: one
+        # instruction per task); dropout draws a mask per row, so rows must run separately then
+        return (self.cfg.prefix_cache and width > 0 and rest > 0 and torch.is_grad_enabled()
+                and not (self.training and self._lm_dropout) and all(rows)
+                and len(set(map(tuple, rows))) < len(rows))
+
+    def _shared_instruction_kv(self, rows: list[list[int]], width: int, dev: torch.device) -> Any:
+        """Keys/values of the batch's instructions with their gradient: one left-padded pass over
+        the distinct instructions, then each row takes its instruction's entries (``index_select``,
+        so the gradients of the rows sharing one add up, as in the full pass). Same layout, mask
+        and positions as the full pass; the tail then attends to these keys."""
+        from transformers import DynamicCache
+
+        distinct = list(dict.fromkeys(tuple(r) for r in rows))
+        slot = {r: i for i, r in enumerate(distinct)}
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        ids = torch.full((len(distinct), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, r in enumerate(distinct):
+            ids[i, width - len(r):] = torch.tensor(r)
+            attn[i, width - len(r):] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        _, shared = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
+        pick = torch.tensor([slot[tuple(r)] for r in rows], device=dev)
+        past = DynamicCache()
+        for layer, entry in enumerate(shared):
+            past.update(entry[0].index_select(0, pick), entry[1].index_select(0, pick), layer)
+        return past
 
     def _instruction_kv(self, rows: list[list[int]], width: int, dev: torch.device) -> Any:
         """A DynamicCache of the batch's instruction tokens, [B, kv_heads, W, d] per layer, rows
