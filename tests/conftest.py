@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 # CartPole hyperparameters); the general defaults reach 475 only for some seeds
 CARTPOLE_PPO = ["algo.gamma=0.98", "algo.gae_lambda=0.8", "algo.lr=0.001", "algo.rollout_steps=32", "algo.epochs=20"]
 RLINF = str(Path(sys.executable).with_name("rlinf"))
+
+# The interrupt tests send SIGINT to an `rlinf` child as Ctrl-C would. A suite started in the
+# background of a non-interactive shell (`make test &` in a script) has SIGINT ignored, and
+# children inherit that: the signal never arrives and the child runs to its end with exit 0.
+# Restore the default here so that every `rlinf` the tests start can be interrupted.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 # Seconds the heaviest test files took in `make test` (2026-12-01, 2 workers, `--durations`).
