@@ -408,21 +408,16 @@ class VLAPolicy(Policy):
         attn = torch.cat([text_attn, torch.ones((batch, n), dtype=torch.long, device=dev)], dim=1)
         from transformers import DynamicCache
 
+        past = None
         if self._use_prefix_cache(width, rest):
             past = self._instruction_kv(rows, width, dev)
+        elif self._share_prefix(rows, width, rest):
+            past = self._shared_instruction_kv(rows, width, dev)
+        if past is not None:  # the instruction's keys/values are there: run the tail against them
             positions = lengths.unsqueeze(1) + torch.arange(n, device=dev)  # as if the instruction were there
             h, past = self._backbone(tail, attn, past, positions)
             return h[:, rest - 1:], attn, positions[:, -1:], past if keep_cache else None
-        if self._share_prefix(rows, width, rest):
-            past = self._shared_instruction_kv(rows, width, dev)
-            positions = lengths.unsqueeze(1) + torch.arange(n, device=dev)
-            h, past = self._backbone(tail, attn, past, positions)
-            return h[:, rest - 1:], attn, positions[:, -1:], past if keep_cache else None
-        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
-        ids = torch.full((batch, width), pad, dtype=torch.long)
-        for i, r in enumerate(rows):
-            if r:
-                ids[i, width - len(r):] = torch.tensor(r)
+        ids, _ = self._left_padded(rows, width)
         x = torch.cat([embed(ids.to(dev)), tail], dim=1)
         positions = (attn.cumsum(1) - 1).clamp_min(0)
         h, past = self._backbone(x, attn, DynamicCache() if keep_cache else None, positions)
@@ -435,6 +430,17 @@ class VLAPolicy(Policy):
         return (self.cfg.prefix_cache and width > 0 and rest > 0 and not torch.is_grad_enabled()
                 and not (self.training and self._lm_dropout)
                 and not hasattr(self.lm.get_input_embeddings().weight, "ds_id"))
+
+    def _left_padded(self, rows: Sequence[Sequence[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [N, width] of the rows, left-padded with the pad id, and their attention mask."""
+        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r:
+                ids[i, width - len(r):] = torch.tensor(r)
+                attn[i, width - len(r):] = 1
+        return ids, attn
 
     def _share_prefix(self, rows: list[list[int]], width: int, rest: int) -> bool:
         # with a gradient: worth it only where rows repeat an instruction (a rollout's batch: one
@@ -452,14 +458,8 @@ class VLAPolicy(Policy):
 
         distinct = list(dict.fromkeys(tuple(r) for r in rows))
         slot = {r: i for i, r in enumerate(distinct)}
-        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
-        ids = torch.full((len(distinct), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(distinct), width), dtype=torch.long)
-        for i, r in enumerate(distinct):
-            ids[i, width - len(r):] = torch.tensor(r)
-            attn[i, width - len(r):] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
-        _, shared = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
+        ids, attn = self._left_padded(distinct, width)
+        _, shared = self._backbone(self.lm.get_input_embeddings()(ids.to(dev)), attn.to(dev), DynamicCache())
         pick = torch.tensor([slot[tuple(r)] for r in rows], device=dev)
         past = DynamicCache()
         for layer, entry in enumerate(shared):
@@ -505,12 +505,7 @@ class VLAPolicy(Policy):
         if len(cache.rows) + len(missing) > cache.MAX_INSTRUCTIONS:
             cache.rows.clear()
         width = max(len(r) for r in missing)
-        pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
-        ids = torch.full((len(missing), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(missing), width), dtype=torch.long)
-        for i, r in enumerate(missing):
-            ids[i, width - len(r):] = torch.tensor(r)
-            attn[i, width - len(r):] = 1
+        ids, attn = self._left_padded(missing, width)
         ids, attn = ids.to(dev), attn.to(dev)
         _, past = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
         layers = [(entry[0], entry[1]) for entry in past]  # (keys, values) [N, kv_heads, width, d] per layer
