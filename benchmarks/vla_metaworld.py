@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--ppo-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra overrides of the PPO stage (after the recommended ones), e.g. algo.kl_coef=0.1 sim.reward=shaped")
     ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides of the GRPO stage")
+    ap.add_argument("--vla-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra overrides of the VLA's SFT stage, e.g. model.backbone.hidden_size=256 (RL inherits the model)")
     ap.add_argument("--algos", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"], help="RL algorithms to run")
     ap.add_argument("--eval-episodes", type=int, default=50, help="held-out episodes per task")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs, measures nothing")
@@ -81,7 +83,8 @@ def main() -> None:
                f"num_envs={min(8, a.demos * n)}", f"output={data}", f"run_dir={root / 'collect'}"], log)
     times["collect"] = res["wall_s"]
     res = run(["sft", *common, f"dataset={data}", *head, *vla_keys, f"algo.epochs={a.sft_epochs}",
-               "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft_vla'}"], log)
+               "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", *a.vla_set,
+               f"run_dir={root / 'sft_vla'}"], log)
     times["sft vla"] = res["wall_s"]
     res = run(["sft", *common, f"dataset={data}", "model=mlp", *mlp_keys, "model.hidden_sizes=[256,256]",
                f"algo.epochs={a.sft_epochs}", "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0",
