@@ -458,13 +458,21 @@ class VLAPolicy(Policy):
 
         distinct = list(dict.fromkeys(tuple(r) for r in rows))
         slot = {r: i for i, r in enumerate(distinct)}
-        ids, attn = self._left_padded(distinct, width)
-        _, shared = self._backbone(self.lm.get_input_embeddings()(ids.to(dev)), attn.to(dev), DynamicCache())
         pick = torch.tensor([slot[tuple(r)] for r in rows], device=dev)
         past = DynamicCache()
-        for layer, entry in enumerate(shared):
-            past.update(entry[0].index_select(0, pick), entry[1].index_select(0, pick), layer)
+        for layer, (k, v) in enumerate(self._instruction_pass(distinct, width, dev)):
+            past.update(k.index_select(0, pick), v.index_select(0, pick), layer)
         return past
+
+    def _instruction_pass(self, rows: Sequence[Sequence[int]], width: int, dev: torch.device
+                          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The rows (instructions) through the backbone in one left-padded pass: (keys, values)
+        [N, kv_heads, width, d] per layer, with a gradient where one is being taken."""
+        from transformers import DynamicCache
+
+        ids, attn = self._left_padded(rows, width)
+        _, past = self._backbone(self.lm.get_input_embeddings()(ids.to(dev)), attn.to(dev), DynamicCache())
+        return [(entry[0], entry[1]) for entry in past]
 
     def _instruction_kv(self, rows: list[list[int]], width: int, dev: torch.device) -> Any:
         """A DynamicCache of the batch's instruction tokens, [B, kv_heads, W, d] per layer, rows
@@ -500,15 +508,10 @@ class VLAPolicy(Policy):
         cache = self._prefix_kv
         if not missing:
             return
-        from transformers import DynamicCache
-
         if len(cache.rows) + len(missing) > cache.MAX_INSTRUCTIONS:
             cache.rows.clear()
         width = max(len(r) for r in missing)
-        ids, attn = self._left_padded(missing, width)
-        ids, attn = ids.to(dev), attn.to(dev)
-        _, past = self._backbone(self.lm.get_input_embeddings()(ids), attn, DynamicCache())
-        layers = [(entry[0], entry[1]) for entry in past]  # (keys, values) [N, kv_heads, width, d] per layer
+        layers = self._instruction_pass(missing, width, dev)
         for i, r in enumerate(missing):
             cache.rows[r] = [(k[i:i + 1, :, width - len(r):].clone(), v[i:i + 1, :, width - len(r):].clone())
                              for k, v in layers]
