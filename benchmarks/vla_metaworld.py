@@ -59,6 +59,10 @@ def main() -> None:
     ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides of the GRPO stage")
     ap.add_argument("--vla-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra overrides of the VLA's SFT stage, e.g. model.backbone.hidden_size=256 (RL inherits the model)")
+    ap.add_argument("--select-best", type=int, default=0, metavar="ITERS",
+                    help="RL keeps the policy that scores highest in validations every ITERS iterations, on "
+                         "validation seeds (eval.best=true); the tables evaluate that checkpoint (0: the final one)")
+    ap.add_argument("--val-episodes", type=int, default=10, help="--select-best: validation episodes per task")
     ap.add_argument("--algos", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"], help="RL algorithms to run")
     ap.add_argument("--eval-episodes", type=int, default=50, help="held-out episodes per task")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks the script runs, measures nothing")
@@ -92,23 +96,27 @@ def main() -> None:
     times["sft mlp"] = res["wall_s"]
     sft_vla = root / "sft_vla" / "checkpoints" / "best"
     envs = min(8, 2 * n)
+    select = ["eval.best=true", f"eval.interval={a.select_best}", f"eval.val_episodes={a.val_episodes * n}"] \
+        if a.select_best else []
+    rl_ckpt = "best" if a.select_best else "final"
     # the settings docs/vla.md recommends for model=vla (measured on reach-v3, 2026-11-30): a gentle
     # actor (lr 3e-5, 4 epochs) behind a critic warmed up at its own, larger rate; GRPO at 1e-4
     if "ppo" in a.algos:
         res = run(["rl", "--algo", "ppo", *common, f"init={sft_vla}", f"num_envs={envs}", "algo.rollout_steps=64",
-                   f"total_steps={a.ppo_steps}", *PPO_VLA, *a.ppo_set, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"],
+                   f"total_steps={a.ppo_steps}", *PPO_VLA, *a.ppo_set, *select, "eval.episodes=0", f"run_dir={root / 'ppo_vla'}"],
                   log)
         times["ppo vla"] = res["wall_s"]
     if "grpo" in a.algos:
         res = run(["rl", "--algo", "grpo", *common, f"init={sft_vla}", *GRPO_VLA,
-                   f"total_steps={a.grpo_steps}", *a.grpo_set, "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
+                   f"total_steps={a.grpo_steps}", *a.grpo_set, *select, "eval.episodes=0", f"run_dir={root / 'grpo_vla'}"], log)
         times["grpo vla"] = res["wall_s"]
 
     rows: dict[str, dict[str, float]] = {}
     ev = ["eval", *common, f"episodes={a.eval_episodes * n}", "num_envs=8"]
     evals = [("expert", "expert"), ("CNN/MLP + task id, SFT", root / "sft_mlp" / "checkpoints" / "best"),
              ("VLA SFT", sft_vla)]
-    evals += [(f"VLA SFT -> {algo.upper()}", root / f"{algo}_vla" / "checkpoints" / "final") for algo in a.algos]
+    evals += [(f"VLA SFT -> {algo.upper()}" + (" (best)" if a.select_best else ""),
+               root / f"{algo}_vla" / "checkpoints" / rl_ckpt) for algo in a.algos]
     for label, ckpt in evals:
         extra = [*sim, *obs_mode] if ckpt == "expert" else []
         res = run([*ev, *extra, f"checkpoint={ckpt}", f"run_dir={root / ('eval_' + label.split()[0].lower() + str(len(rows)))}"], log)

@@ -46,6 +46,7 @@ STAGE_RULES: dict[str, list[Rule]] = {
         ("checkpoint.keep", *_POSITIVE),
         ("eval.episodes", *_NON_NEGATIVE),
         ("eval.interval", *_NON_NEGATIVE),
+        ("eval.val_episodes", *_POSITIVE),
         ("text.iterations", *_POSITIVE),
     ],
     "collect": [

@@ -96,6 +96,15 @@ def gather_to_first(obj: Any) -> list[Any]:
     return out or []
 
 
+def broadcast_from_first(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a decision only rank 0 can take); ``obj`` in one process."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or world()[1] <= 1:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()

@@ -9,6 +9,8 @@ differs between algorithms in the algorithm; where training runs in the engine.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +73,7 @@ def setup(cfg: Any) -> Run:
     from rlinf_cli import collectors
     from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
 
+    check_best(cfg)
     algo = common.load_algorithm(cfg, "rl")
     if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must sample it
         from rlinf_cli.data.dataset import read_meta
@@ -113,6 +116,8 @@ def setup(cfg: Any) -> Run:
     if resume_dir is not None:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
         ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']}")
+        if run.state.get("best") is not None:
+            restore_best(run, resume_dir)
     return run
 
 
@@ -158,23 +163,139 @@ def evaluate(run: Run, tag: str = "final") -> Any:
     return ev
 
 
+# What a validation (eval.best) is scored by, the first present: success with every task weighing
+# the same (multi-task simulators), success, accuracy (text tasks), return.
+SCORE_KEYS = ("task_mean/success_once", "success_once", "accuracy", "return_mean")
+
+
+def validation_episodes(cfg: Any) -> int:
+    n = cfg.eval.get("val_episodes")
+    return int(cfg.eval.episodes if n is None else n)
+
+
+def check_best(cfg: Any) -> None:
+    """``eval.best`` needs evaluations during training to choose from; said before anything runs."""
+    if not cfg.eval.get("best"):
+        return
+    if not int(cfg.eval.interval):
+        raise UserError("eval.best=true keeps the best policy of the evaluations during training: set "
+                        "eval.interval=N (iterations between them)")
+    if validation_episodes(cfg) < 1:
+        raise UserError("eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)")
+
+
+def score(metrics: dict[str, float], prefix: str) -> tuple[str, float] | None:
+    """(metric, value) a validation is ranked by, or None if it measured none of SCORE_KEYS."""
+    for key in SCORE_KEYS:
+        if prefix + key in metrics:
+            return key, float(metrics[prefix + key])
+    return None
+
+
+def keep_best(run: Run) -> dict[str, float]:
+    """eval.best: evaluate on the validation seeds and keep the policy as checkpoints/best when it
+    scores at least as high as every validation before (a tie goes to the more trained policy).
+    RL returns wander, and the last policy is often not the best one; choosing on seeds apart from
+    the final evaluation's keeps that evaluation an unbiased estimate. Every rank calls it (ZeRO-3
+    gathers the weights for rank 0 to evaluate, and every rank follows rank 0's decision)."""
+    from rlinf_cli.runtime.engine import broadcast_from_first
+
+    cfg, state = run.cfg, run.state
+    metrics: dict[str, float] = {}
+    with run.engine.full_parameters():
+        if run.rank == 0:
+            ev = run.collector.evaluate(run.policy, validation_episodes(cfg), int(cfg.eval.val_seed),
+                                        bool(cfg.eval.get("deterministic", True)),
+                                        label=f"{cfg.algo.name} (validation)", examples=0)
+            metrics = {"val/" + k.split("/", 1)[1]: v for k, v in ev.metrics.items()}
+        scored, best, new = score(metrics, "val/"), state.get("best"), None
+        if scored is not None and (best is None or scored[1] >= best["score"]):
+            new = {"metric": scored[0], "score": scored[1], "iteration": state["iteration"], "step": run.step()}
+        new = broadcast_from_first(new)
+        if new is not None:
+            state["best"] = new
+            save_best(run, new)
+    return metrics
+
+
+BEST_FILE = "best.json"  # in checkpoints/best: which validation it won (resume checks it is the run's)
+
+
+def save_best(run: Run, best: dict[str, Any]) -> None:
+    from rlinf_cli import checkpoint as ckpt
+
+    def write(tmp: Path) -> None:
+        save_files = getattr(run.collector, "save_files", None)
+        if save_files is not None:  # normalization statistics: the policy expects them
+            save_files(tmp)
+        (tmp / BEST_FILE).write_text(json.dumps(best))
+
+    ckpt.save(run.ctx.run_dir / "checkpoints" / "best", run.policy, run.cfg_yaml, rank=run.rank, write_files=write)
+
+
+def restore_best(run: Run, resume_dir: Path) -> None:
+    """A resumed run's best-so-far (in its state) needs its weights in this run's checkpoints/best:
+    the source run's best if it is still that validation's (the source may have gone on to a
+    better one after the checkpoint resumed from), else the periodic checkpoint of that iteration.
+    Neither there: validations start over, said in one line."""
+    from rlinf_cli.runtime.engine import broadcast_from_first
+
+    best, dest = run.state["best"], run.ctx.run_dir / "checkpoints" / "best"
+    found = None
+    if run.rank == 0:
+        for src in (resume_dir.parent / "best", resume_dir.parent / f"iter_{best['iteration']:06d}"):
+            won = src / BEST_FILE
+            if src.name == "best" and not (won.is_file() and json.loads(won.read_text()) == best):
+                continue
+            if (src / "config.json").is_file():
+                found = src
+                break
+        if found is not None and found.resolve() != dest.resolve():
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(found, tmp)
+            (tmp / BEST_FILE).write_text(json.dumps(best))
+            from rlinf_cli.checkpoint import commit_dir
+
+            commit_dir(tmp, dest)
+    if not broadcast_from_first(found is not None):
+        run.ctx.note(f"the best policy so far (iteration {best['iteration']}) is in neither {resume_dir.parent / 'best'} "
+                     f"nor a checkpoint of that iteration; eval.best starts choosing again")
+        del run.state["best"]
+
+
+def evaluate_checkpoint(run: Run, path: Path) -> Any:
+    """The final evaluation (eval.episodes on eval.seed) of a saved checkpoint."""
+    cfg = run.cfg
+    return run.collector.evaluate(str(path), int(cfg.eval.episodes), int(cfg.eval.seed),
+                                  bool(cfg.eval.get("deterministic", True)), label=f"{cfg.algo.name} best",
+                                  examples=0)
+
+
 def train(run: Run, progress: Any) -> None:
     """The loop, with periodic evaluation and checkpoints; Ctrl-C says how to resume."""
     from rlinf_cli import checkpoint as ckpt
 
     cfg, state = run.cfg, run.state
     interval, eval_every = max(1, int(cfg.checkpoint.interval)), int(cfg.eval.interval)
+    best = bool(cfg.eval.get("best"))
     total = run.collector.budget(cfg)
     try:
         for line in run.collector.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
             run.ctx.note(line)
-        if eval_every and state["iteration"] == 0 and run.rank == 0:  # where the curve starts
-            run.tracker.log_metrics(evaluate(run, "iter_000000").metrics | {"iteration": 0.0}, 0)
+        if eval_every and state["iteration"] == 0:  # where the curve starts (with eval.best: the start is a candidate)
+            if best:
+                run.tracker.log_metrics(keep_best(run) | {"iteration": 0.0}, 0)
+            elif run.rank == 0:
+                run.tracker.log_metrics(evaluate(run, "iter_000000").metrics | {"iteration": 0.0}, 0)
         while run.collector.units(state) < total:
             before = run.step()
             metrics = iterate(run)
-            if eval_every and state["iteration"] % eval_every == 0 and run.rank == 0:
-                metrics.update(evaluate(run, f"iter_{state['iteration']:06d}").metrics)
+            if eval_every and state["iteration"] % eval_every == 0:
+                if best:
+                    metrics.update(keep_best(run))
+                elif run.rank == 0:
+                    metrics.update(evaluate(run, f"iter_{state['iteration']:06d}").metrics)
             run.tracker.log_metrics(metrics, run.step())
             info = run.collector.info(metrics)
             progress.update(run.step() - before, f"iter {state['iteration']}" + (f"  {info}" if info else ""))
@@ -208,17 +329,31 @@ def finish(run: Run) -> dict[str, Any]:
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
               "backend": run.engine.backend, "world_size": run.world, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, "mlflow_run_id": run.tracker.run_id}
+    rows = {f"{cfg.algo.name} ({run.step():,} {run.collector.unit})": summary}
+    best = run.state.get("best")
+    if best is not None and run.rank == 0:  # the kept policy, on the same held-out seeds as the final one
+        best_dir = ctx.run_dir / "checkpoints" / "best"
+        result["best"] = {**best, "checkpoint": str(best_dir)}
+        if summary:
+            best_ev = evaluate_checkpoint(run, best_dir)
+            result["best"]["eval"] = best_ev.summary
+            run.tracker.log_metrics({k.replace("eval/", "eval_best/", 1): v for k, v in best_ev.metrics.items()},
+                                    run.step())
+            rows[f"{cfg.algo.name} best (iteration {best['iteration']})"] = best_ev.summary
     if (ctx.run_dir / "videos").is_dir():
         result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
     x = "env_steps" if run.collector.unit == "steps" else "iteration"
-    table = run.collector.table({f"{cfg.algo.name} ({run.step():,} {run.collector.unit})": summary},
-                                f"rlinf rl: {run.collector.label}") if summary else None  # eval.episodes=0: no table
+    table = run.collector.table(rows, f"rlinf rl: {run.collector.label}") if summary else None  # eval.episodes=0: no table
     common.write_result(ctx, run.tracker, result, table,
                         (x, ["rollout/return_mean", "rollout/success_once", "rollout/reward_mean", "eval/return_mean",
-                             "eval/accuracy"], f"rlinf rl {cfg.algo.name} on {run.collector.label}"),
+                             "eval/accuracy", "val/success_once", "val/accuracy"],
+                         f"rlinf rl {cfg.algo.name} on {run.collector.label}"),
                         ev, show=run.rank == 0)
     if run.rank == 0:
         ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
+        if best is not None:
+            ctx.note(f"best: iteration {best['iteration']} (validation {best['metric']} {best['score']:.3g}): "
+                     f"{ctx.run_dir / 'checkpoints' / 'best'}")
     return result
 
 
