@@ -78,6 +78,23 @@ REQUIRED_HINT = {
 }
 
 
+def validation_episodes(cfg: Any) -> int:
+    """Episodes per validation of ``eval.best``: ``eval.val_episodes``, or ``eval.episodes``."""
+    n = cfg.eval.get("val_episodes")
+    return int(cfg.eval.episodes if n is None else n)
+
+
+def check_best(cfg: Any) -> None:
+    """``eval.best`` needs evaluations during training to choose from; said before anything runs."""
+    if not cfg.eval.get("best"):
+        return
+    if not int(cfg.eval.interval):
+        raise UserError("eval.best=true keeps the best policy of the evaluations during training: set "
+                        "eval.interval=N (iterations between them)")
+    if validation_episodes(cfg) < 1:
+        raise UserError("eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)")
+
+
 def validate(stage: str, cfg: Any) -> None:
     """Raise :class:`UserError` for the first required setting missing or value out of range."""
     from omegaconf import OmegaConf
@@ -93,3 +110,5 @@ def validate(stage: str, cfg: Any) -> None:
             continue
         if isinstance(value, float) and math.isnan(value) or not ok(value):
             raise UserError(f"bad value for '{key}': {value!r}; it must be {what}")
+    if stage == "rl":
+        check_best(cfg)

@@ -71,6 +71,8 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["collect", "output=d", "epsilon=1.5"], "a probability in [0, 1]"),
     (["sft", "dataset=d", "val_fraction=1"], "a fraction in [0, 1)"),
     (["pipeline", "rl.total_steps=0"], "'total_steps': 0"),
+    (["pipeline", "rl.eval.best=true"], "eval.best=true keeps the best policy of the evaluations during training"),
+    (["rl", "eval.best=true", "eval.interval=5", "eval.episodes=0"], "eval.best=true needs validation episodes"),
     (["pipeline", "sim=arithmetic"], "`rlinf pipeline` runs embodied simulators; for the text task 'arithmetic'"),
 ])
 def test_out_of_range_values_fail_at_once_and_write_nothing(workdir, args, needle):

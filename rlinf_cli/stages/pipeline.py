@@ -25,6 +25,11 @@ DEFAULTS: dict[str, list[str]] = {
 _STAGE_OF = {"expert": "rl", "collect": "collect", "sft": "sft", "rl": "rl", "eval": "eval"}
 
 
+def _kept(rl_result: dict[str, Any]) -> str:
+    """The policy an rl stage hands on: its best with ``eval.best=true``, else its final one."""
+    return (rl_result.get("best") or {}).get("checkpoint") or rl_result["checkpoint"]
+
+
 def route(args: list[str]) -> dict[str, list[str]]:
     """Split pipeline overrides by step; shared ones go to every stage that knows the key."""
     from rlinf_cli.config import stage_groups
@@ -114,11 +119,11 @@ def run(args: list[str]) -> dict[str, Any]:
         source = "expert"
         timings["expert"] = 0.0
     else:
-        source = stage("expert", [])["checkpoint"]
+        source = _kept(stage("expert", []))
     data = root / "data"
     stage("collect", [f"policy={source}", f"output={data}"])
     sft_ckpt = stage("sft", [f"dataset={data}"])["checkpoint"]
-    rl_ckpt = stage("rl", [f"init={sft_ckpt}"])["checkpoint"]
+    rl_ckpt = _kept(stage("rl", [f"init={sft_ckpt}"]))
     summaries, videos = {}, {}
     for label, ckpt in {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}.items():
         result = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlinf_cli.errors import UserError
 from rlinf_cli.stages import common
+from rlinf_cli.validate import check_best, validation_episodes
 
 
 @dataclass
@@ -166,22 +167,6 @@ def evaluate(run: Run, tag: str = "final") -> Any:
 # What a validation (eval.best) is scored by, the first present: success with every task weighing
 # the same (multi-task simulators), success, accuracy (text tasks), return.
 SCORE_KEYS = ("task_mean/success_once", "success_once", "accuracy", "return_mean")
-
-
-def validation_episodes(cfg: Any) -> int:
-    n = cfg.eval.get("val_episodes")
-    return int(cfg.eval.episodes if n is None else n)
-
-
-def check_best(cfg: Any) -> None:
-    """``eval.best`` needs evaluations during training to choose from; said before anything runs."""
-    if not cfg.eval.get("best"):
-        return
-    if not int(cfg.eval.interval):
-        raise UserError("eval.best=true keeps the best policy of the evaluations during training: set "
-                        "eval.interval=N (iterations between them)")
-    if validation_episodes(cfg) < 1:
-        raise UserError("eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)")
 
 
 def score(metrics: dict[str, float], prefix: str) -> tuple[str, float] | None:
