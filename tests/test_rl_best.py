@@ -23,6 +23,12 @@ def _validations(run_dir: Path) -> list[tuple[int, float]]:
     return [(int(r["iteration"]), r["val/return_mean"]) for r in rows if "val/return_mean" in r]
 
 
+def _training(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [{k: v for k, v in r.items() if k.startswith(("train/", "rollout/"))} for r in rows]
+    return [r for r in rows if r]
+
+
 def _ok(res, run_dir: Path | None = None) -> dict:
     assert res.code == 0, res.err[-3000:]
     return json.loads((run_dir / "result.json").read_text()) if run_dir else res.json_tail()
@@ -38,6 +44,10 @@ def test_the_best_validation_is_kept_and_reproduces_on_its_seeds(cli_proc, workd
     assert (best["iteration"], best["metric"], best["score"]) == (expected, "return_mean", top), vals
     assert (workdir / best["checkpoint"]).resolve() == workdir / "run/checkpoints/best"
     assert len({score for _, score in vals}) > 1, vals  # the choice was a real one
+    # validating changes nothing about training: the same run without it, iteration by iteration
+    plain = [a for a in ARGS if not a.startswith(("eval.best", "eval.interval", "eval.val"))]
+    _ok(cli_proc("rl", *plain, "run_dir=plain"), workdir / "plain")
+    assert _training(workdir / "plain") == _training(workdir / "run")
 
     # the kept weights, on the validation seeds, score what the validation measured
     ckpt = workdir / "run/checkpoints/best"
