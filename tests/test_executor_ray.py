@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,18 @@ def test_ray_actor_death_is_recovered() -> None:
     try:
         env.reset([0, 1, 2, 3])
         env.step(np.ones(4, dtype=np.int64))
-        ray.kill(env.handles[0].actor)
+        dead = env.handles[0].actor
+        ray.kill(dead)
+        # ray.kill returns before the actor is gone: a call sent at once can still run on it (seen
+        # under load), so wait until the handle fails, as the executor's next call then will
+        deadline = time.time() + 60
+        while True:
+            try:
+                ray.get(dead.ping.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.time() < deadline, "the killed actor still answers after 60 s"
+            time.sleep(0.1)
         with pytest.warns(RuntimeWarning, match="restarted it"):
             sb = env.step(np.ones(4, dtype=np.int64))
         assert sb.truncated.tolist() == [True, True, False, False]
