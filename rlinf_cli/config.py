@@ -104,9 +104,12 @@ def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CORE_CONF), version_base="1.3"):
-            base = hydra_compose(stage, overrides=[searchpath, *group_ovs])
-            fixed = [_checked(base, ov) for ov in value_ovs]
-            cfg = hydra_compose(stage, overrides=[searchpath, *group_ovs, *fixed])
+            # Value overrides never change the defaults list, so the config composed from the
+            # group choices alone is checked against and then updated in place, as Hydra's own
+            # compose would (its override step): one composition, not two (~0.3-0.6 s a command).
+            cfg = hydra_compose(stage, overrides=[searchpath, *group_ovs])
+            fixed = [_checked(cfg, ov) for ov in value_ovs]
+            _apply_values(cfg, parser.parse_overrides(fixed) if fixed else [])
     except (HydraException, OmegaConfBaseException) as exc:
         raise UserError(f"config error: {one_line(str(exc).splitlines()[0])}") from exc
     finally:
@@ -121,6 +124,16 @@ def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] 
         raise UserError(f"config error: {one_line(str(exc).splitlines()[0])}") from exc
     _check_plugin_names(cfg, choices)
     return cfg
+
+
+def _apply_values(cfg: Any, overrides: list[Any]) -> None:
+    """Apply parsed ``key=value`` / ``+key=value`` / ``++key=value`` / ``~key`` overrides to a
+    composed config with Hydra's own rules (its ConfigLoaderImpl step after composition)."""
+    if not overrides:
+        return
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
 
 
 def _checked(base: Any, ov: Any) -> str:

@@ -47,6 +47,35 @@ def test_config_show_composes_plugin_groups_and_overrides(cli):
     assert "total_steps: 10000" in res.out  # an integral float fits an int key
 
 
+def test_one_composition_equals_hydras_own_with_every_override_form():
+    """compose() composes once and applies value overrides itself (Hydra's override step): the
+    result must equal Hydra composing with all the overrides, for each override form."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from rlinf_cli.config import CORE_CONF, compose, search_dirs
+
+    groups = ["sim=gymnasium", "model=mlp", "algo=ppo"]
+    values = ["sim.env_id=Acrobot-v1", "algo.lr=1e-4", "total_steps=20000", "model.hidden_sizes=[8,8]",
+              "+sim.extra_kw=3", "++algo.new_thing={a:1}", "++algo.gamma=0.9", "~eval.video", "eval.episodes=3"]
+    ours = OmegaConf.to_container(compose("rl", groups + values), resolve=True)
+    searchpath = "hydra.searchpath=[" + ",".join(f"file://{d}" for d in search_dirs()[1:]) + "]"
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CORE_CONF), version_base="1.3"):
+            chosen = [f"{g}={c}" for g, c in ours["choices"].items()]
+            theirs = hydra_compose("rl", overrides=[searchpath, *chosen, *values])
+    finally:
+        GlobalHydra.instance().clear()
+    theirs = OmegaConf.to_container(theirs, resolve=True)
+    assert {k: v for k, v in ours.items() if k not in ("stage", "choices")} == theirs
+    assert ours["sim"]["env_id"] == "Acrobot-v1" and ours["sim"]["extra_kw"] == 3
+    assert ours["algo"]["new_thing"] == {"a": 1} and ours["algo"]["gamma"] == 0.9
+    assert "video" not in ours["eval"] and ours["model"]["hidden_sizes"] == [8, 8]
+
+
 def test_algo_option_is_sugar_for_the_override(cli, workdir):
     res = cli("rl", "--algo", "grpo", "total_steps=300", "algo.groups=1", "algo.group_size=2", "eval.episodes=1",
               "tracking.enabled=false", "run_dir=r")
