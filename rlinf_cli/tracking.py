@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import math
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ class Tracker:
             # Creating (migrating) a sqlite store is not safe from two processes at once: runs
             # started together take turns here. Later writes are single transactions.
             with locked(db.with_name(f".{db.name}.lock")) if db is not None else contextlib.nullcontext():
-                client = MlflowClient(tracking_uri=uri)
+                client = _new_client(uri, db)
                 if resume_run_id is not None and self._resume(client, resume_run_id):
                     return
                 exp_id = _experiment_id(client, cfg, runs_dir)
@@ -249,6 +250,88 @@ def _experiment_id(client: Any, cfg: Any, runs_dir: Path) -> str:
         return client.create_experiment(cfg.tracking.experiment, artifact_location=artifact_root)
     except MlflowException:  # created meanwhile by a run on another store client
         return client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+
+
+def _new_client(uri: str, db: Path | None) -> Any:
+    """The MLflow client; a new sqlite store starts as a copy of an empty one of this MLflow version.
+
+    MLflow creates a sqlite store by running its whole migration history (~70 Alembic scripts,
+    1.5-2 s on this project's CPU), once per runs directory; each new ``runs_dir`` (every test,
+    every fresh project) paid it. The first creation keeps its empty result (schema and version
+    rows, without the default experiment, which MLflow adds when it is missing, with this
+    store's own paths and times) in the cache; later ones copy it and MLflow only checks it.
+    Any trouble with the cached copy: the store is made the usual way."""
+    from mlflow.tracking import MlflowClient
+
+    if db is None or db.exists():
+        return MlflowClient(tracking_uri=uri)
+    template = _template_path()
+    if template is not None and _is_empty_store(template):
+        shutil.copyfile(template, db)
+        try:
+            return MlflowClient(tracking_uri=uri)  # MLflow checks the schema version and adds the default experiment
+        except Exception:
+            template.unlink(missing_ok=True)  # whatever was wrong with it, the next store is made the usual way
+            raise
+    client = MlflowClient(tracking_uri=uri)
+    if template is not None:
+        _save_template(db, template)
+    return client
+
+
+def _template_path() -> Path | None:
+    import os
+
+    try:
+        import mlflow
+
+        root = os.environ.get("RLINF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlinf"
+    except (ImportError, RuntimeError):  # no home directory: no cache
+        return None
+    return Path(root) / f"mlflow-{mlflow.__version__}-empty.db"
+
+
+def _is_empty_store(path: Path) -> bool:
+    """A sqlite file with a schema version and neither experiments nor runs (a good template)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            versions = con.execute("SELECT version_num FROM alembic_version").fetchall()
+            (exps,) = con.execute("SELECT COUNT(*) FROM experiments").fetchone()
+            (runs,) = con.execute("SELECT COUNT(*) FROM runs").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return len(versions) == 1 and exps == 0 and runs == 0
+
+
+def _save_template(db: Path, template: Path) -> None:
+    """Keep a just-created, still empty store (less its default experiment) as the template."""
+    import os
+    import sqlite3
+
+    tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(db, tmp)
+        con = sqlite3.connect(tmp)
+        try:
+            with con:
+                con.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
+                con.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        finally:
+            con.close()
+        if _is_empty_store(tmp):
+            os.replace(tmp, template)
+    except (OSError, sqlite3.Error):  # an unwritable cache costs only the time it would have saved
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _sqlite_path(uri: str) -> Path | None:
