@@ -151,14 +151,20 @@ def checkpoint(run: Run, name: str) -> Path:
                                   run.rank)
 
 
-def evaluate(run: Run, tag: str = "final") -> Any:
-    """Held-out evaluation of the current policy; ``eval.video=N`` records N episodes under videos/<tag>/."""
+def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:
+    """Evaluation of the current policy on the held-out seeds (``eval.episodes`` from ``eval.seed``);
+    ``eval.video=N`` records N episodes under videos/<tag>/. ``kind="validation"``: on the
+    validation seeds instead (eval.best); ``kind="best"``: of the kept checkpoint. Those two show
+    no text examples and record no video."""
     cfg = run.cfg
-    ev = run.collector.evaluate(run.policy, int(cfg.eval.episodes), int(cfg.eval.seed),
-                                bool(cfg.eval.get("deterministic", True)), label=str(cfg.algo.name),
-                                examples=int((cfg.get("text") or {}).get("examples", 8)),
-                                video=int(cfg.eval.get("video", 0) or 0), video_dir=run.ctx.run_dir / "videos" / tag,
-                                video_size=int(cfg.eval.get("video_size", 256)))
+    episodes, seed = (validation_episodes(cfg), int(cfg.eval.val_seed)) if kind == "validation" else \
+        (int(cfg.eval.episodes), int(cfg.eval.seed))
+    policy = str(run.ctx.run_dir / "checkpoints" / "best") if kind == "best" else run.policy
+    ev = run.collector.evaluate(policy, episodes, seed, bool(cfg.eval.get("deterministic", True)),
+                                label=f"{cfg.algo.name} ({kind})" if kind else str(cfg.algo.name),
+                                examples=0 if kind else int((cfg.get("text") or {}).get("examples", 8)),
+                                video=0 if kind else int(cfg.eval.get("video", 0) or 0),
+                                video_dir=run.ctx.run_dir / "videos" / tag, video_size=int(cfg.eval.get("video_size", 256)))
     for f in ev.extra.get("videos", []):
         run.tracker.log_artifact(Path(f), f"videos/{tag}")
     return ev
@@ -189,9 +195,7 @@ def keep_best(run: Run) -> dict[str, float]:
     metrics: dict[str, float] = {}
     with run.engine.full_parameters():
         if run.rank == 0:
-            ev = run.collector.evaluate(run.policy, validation_episodes(cfg), int(cfg.eval.val_seed),
-                                        bool(cfg.eval.get("deterministic", True)),
-                                        label=f"{cfg.algo.name} (validation)", examples=0)
+            ev = evaluate(run, kind="validation")
             metrics = {"val/" + k.split("/", 1)[1]: v for k, v in ev.metrics.items()}
         scored, best, new = score(metrics, "val/"), state.get("best"), None
         if scored is not None and (best is None or scored[1] >= best["score"]):
@@ -228,13 +232,12 @@ def restore_best(run: Run, resume_dir: Path) -> None:
     best, dest = run.state["best"], run.ctx.run_dir / "checkpoints" / "best"
     found = None
     if run.rank == 0:
-        for src in (resume_dir.parent / "best", resume_dir.parent / f"iter_{best['iteration']:06d}"):
-            won = src / BEST_FILE
-            if src.name == "best" and not (won.is_file() and json.loads(won.read_text()) == best):
-                continue
-            if (src / "config.json").is_file():
-                found = src
-                break
+        kept, periodic = resume_dir.parent / "best", resume_dir.parent / f"iter_{best['iteration']:06d}"
+        won = kept / BEST_FILE
+        if (kept / "config.json").is_file() and won.is_file() and json.loads(won.read_text()) == best:
+            found = kept
+        elif (periodic / "config.json").is_file():
+            found = periodic
         if found is not None and found.resolve() != dest.resolve():
             tmp = dest.with_name(f".{dest.name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -247,14 +250,6 @@ def restore_best(run: Run, resume_dir: Path) -> None:
         run.ctx.note(f"the best policy so far (iteration {best['iteration']}) is in neither {resume_dir.parent / 'best'} "
                      f"nor a checkpoint of that iteration; eval.best starts choosing again")
         del run.state["best"]
-
-
-def evaluate_checkpoint(run: Run, path: Path) -> Any:
-    """The final evaluation (eval.episodes on eval.seed) of a saved checkpoint."""
-    cfg = run.cfg
-    return run.collector.evaluate(str(path), int(cfg.eval.episodes), int(cfg.eval.seed),
-                                  bool(cfg.eval.get("deterministic", True)), label=f"{cfg.algo.name} best",
-                                  examples=0)
 
 
 def train(run: Run, progress: Any) -> None:
@@ -320,7 +315,7 @@ def finish(run: Run) -> dict[str, Any]:
         best_dir = ctx.run_dir / "checkpoints" / "best"
         result["best"] = {**best, "checkpoint": str(best_dir)}
         if summary:
-            best_ev = evaluate_checkpoint(run, best_dir)
+            best_ev = evaluate(run, kind="best")
             result["best"]["eval"] = best_ev.summary
             run.tracker.log_metrics({k.replace("eval/", "eval_best/", 1): v for k, v in best_ev.metrics.items()},
                                     run.step())
