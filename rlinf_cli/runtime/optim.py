@@ -17,6 +17,19 @@ import torch
 FLAT_MAX_PARAMS = 4_000_000
 
 
+def _undecorated(name: str) -> Any:
+    """torch wraps some Optimizer methods in ``torch._disable_dynamo``, whose first call imports
+    ``torch._dynamo`` (~1.3 s, a third of a small run's start). rlinf never compiles its
+    optimizer, so LeanAdam calls them unwrapped (the same functions; any torch without the
+    wrapper gives the method itself)."""
+    fn = getattr(torch.optim.Optimizer, name)
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _scalar_dtype() -> torch.dtype:  # what torch's Adam gives its per-parameter ``step``
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
 class _LeanStep:
     """Adam's step in a handful of tensor ops, bit-identical to ``torch.optim.Adam``.
 
@@ -26,18 +39,21 @@ class _LeanStep:
     gradients and Adam moments are moved into one flat buffer each (the parameters, gradients
     and state entries become views of them), and Adam runs as 7 elementwise ops on the flat
     buffers. Elementwise arithmetic does not care how tensors are laid out, so the result equals
-    torch's per-tensor loop bit for bit (torch's fused kernel does not). Larger models, or
+    torch's per-tensor loop bit for bit (torch's fused kernel does not). The first step creates
+    Adam's state as torch's would (zeros, step 0) and takes the same path. Larger models, or
     anything unusual (several param groups, amsgrad, maximize, a closure, a missing gradient,
-    several devices or dtypes, parameters with no state yet or a different step count) go through
-    torch's step. State dicts are torch's own.
+    several devices or dtypes, only some parameters with state, a different step count) go
+    through torch's step. State dicts are torch's own.
     """
 
     _decoupled = False
+    add_param_group = _undecorated("add_param_group")
+    state_dict = _undecorated("state_dict")
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # type: ignore[override]
         flat = getattr(self, "_flat", None)
         if flat is None:
-            return super().zero_grad(set_to_none)  # type: ignore[misc]
+            return _undecorated("zero_grad")(self, set_to_none)
         flat["grad"].zero_()  # in place: the parameters' .grad stay views of the flat buffer
         for p, g in zip(flat["params"], flat["grad_views"]):
             p.grad = g
@@ -73,10 +89,15 @@ class _LeanStep:
         params = group["params"]
         flat = getattr(self, "_flat", None)
         if closure is not None or len(self.param_groups) != 1 or group["amsgrad"] or group["maximize"] \
-                or len(self.state) < len(params) or group.get("differentiable") or group.get("capturable") \
-                or any(p.grad is None or p.grad.is_sparse for p in params):
+                or 0 < len(self.state) < len(params) or group.get("differentiable") or group.get("capturable") \
+                or group.get("fused") or any(p.grad is None or p.grad.is_sparse for p in params):
             self._flat = None
             return super().step(closure)  # type: ignore[misc]
+        if not self.state:  # the first step: Adam's lazy state, as torch's step would create it
+            for p in params:
+                self.state[p] = {"step": torch.tensor(0.0, dtype=_scalar_dtype()),
+                                 "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                 "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         if flat is None or flat["params"] is not params:
             flat = self._flat = self._flatten(params)
             if flat is None:
@@ -106,7 +127,7 @@ class _LeanStep:
 
     def load_state_dict(self, state_dict: dict) -> None:  # the state tensors are replaced: flatten anew
         self._flat = None
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        _undecorated("load_state_dict")(self, state_dict)
 
 
 class LeanAdam(_LeanStep, torch.optim.Adam):
