@@ -6,6 +6,9 @@ process (medians over --repeats).
   vs two full compositions (the group choices alone, then again with the value overrides).
 - new store: a new sqlite store copied from the cached empty one (``tracking._new_client``) vs
   MLflow creating it by its migrations (an empty cache directory each time).
+- optimizer: a fresh process making rlinf's LeanAdam and taking a first step vs the same with
+  ``torch.optim.Adam`` (what LeanAdam's first step and constructor went through before: torch's
+  wrappers import ``torch._dynamo`` on first call); both after ``import torch``.
 
     python benchmarks/cli_overhead.py --repeats 9
 """
@@ -57,6 +60,25 @@ def new_store(root: Path, cache: Path) -> None:
     client.get_experiment("0")
 
 
+OPTIM = """
+import time, torch
+t0 = time.perf_counter()
+from rlinf_cli.runtime.optim import LeanAdam
+m = torch.nn.Linear(8, 8)
+opt = {cls}(m.parameters(), lr=1e-3)
+m(torch.ones(2, 8)).sum().backward()
+opt.step()
+print(time.perf_counter() - t0)
+"""
+
+
+def optimizer_start(cls: str) -> float:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", OPTIM.format(cls=cls)], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=9)
@@ -68,7 +90,8 @@ def main() -> None:
 
     compose("rl", OVERRIDES)  # imports and plugin discovery out of the way
     compose_twice("rl", OVERRIDES)
-    times: dict[str, list[float]] = {k: [] for k in ("compose once", "compose twice", "store copy", "store migrate")}
+    times: dict[str, list[float]] = {k: [] for k in ("compose once", "compose twice", "store copy", "store migrate",
+                                                      "lean", "torch adam")}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         new_store(work / "warm", work / "cache")  # makes the cached copy; MLflow imported
@@ -82,12 +105,16 @@ def main() -> None:
                 t0 = time.perf_counter()
                 fn()
                 times[key].append(time.perf_counter() - t0)
+            for key, cls in (("lean", "LeanAdam"), ("torch adam", "torch.optim.Adam")):
+                times[key].append(optimizer_start(cls))
     rows = [["compose the rl config", f"{median(times['compose twice']) * 1e3:.0f}",
              f"{median(times['compose once']) * 1e3:.0f}",
              f"{median(times['compose twice']) / median(times['compose once']):.2f}x"],
             ["open a new MLflow store", f"{median(times['store migrate']) * 1e3:.0f}",
              f"{median(times['store copy']) * 1e3:.0f}",
-             f"{median(times['store migrate']) / median(times['store copy']):.2f}x"]]
+             f"{median(times['store migrate']) / median(times['store copy']):.2f}x"],
+            ["make the optimizer, first step (fresh process)", f"{median(times['torch adam']) * 1e3:.0f}",
+             f"{median(times['lean']) * 1e3:.0f}", f"{median(times['torch adam']) / median(times['lean']):.2f}x"]]
     print(table(["fixed cost", "before ms", "now ms", "speed-up"], rows))
 
 
