@@ -267,11 +267,21 @@ def _new_client(uri: str, db: Path | None) -> Any:
         return MlflowClient(tracking_uri=uri)
     template = _template_path()
     if template is not None and _is_empty_store(template):
-        shutil.copyfile(template, db)
+        import os
+
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.new")
+        try:  # copied aside and renamed: a failed copy (a full disk) never leaves a broken store behind
+            shutil.copyfile(template, tmp)
+            os.replace(tmp, db)
+        finally:
+            tmp.unlink(missing_ok=True)
         try:
             return MlflowClient(tracking_uri=uri)  # MLflow checks the schema version and adds the default experiment
         except Exception:
-            template.unlink(missing_ok=True)  # whatever was wrong with it, the next store is made the usual way
+            # whatever was wrong with the copy, neither it nor this store (empty, just made) is kept:
+            # the next run makes both the usual way
+            template.unlink(missing_ok=True)
+            db.unlink(missing_ok=True)
             raise
     client = MlflowClient(tracking_uri=uri)
     if template is not None:

@@ -82,3 +82,19 @@ def test_an_existing_store_is_opened_as_it_is(tmp_path, cache, monkeypatch):
     exp = client.create_experiment("kept")
     again = tracking._new_client(f"sqlite:///{db}", db)
     assert again.get_experiment_by_name("kept").experiment_id == exp
+
+
+def test_a_copy_that_fails_half_way_leaves_no_store_behind(tmp_path, cache, monkeypatch):
+    import errno
+
+    _store(tmp_path / "a", monkeypatch)  # the cached copy exists now
+
+    def full_disk(src, dst):
+        Path(dst).write_bytes(Path(src).read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tracking.shutil, "copyfile", full_disk)
+    root = tmp_path / "b"
+    with pytest.raises(OSError):
+        _store(root, monkeypatch)
+    assert list(root.iterdir()) == []  # neither a half store nor its temporary copy
