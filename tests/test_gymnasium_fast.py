@@ -71,3 +71,21 @@ def test_the_simulator_steps_the_same_with_and_without_it(fast):
         assert np.array_equal(o1["state"], o2["state"]) and (r1, te1, tr1) == (r2, te2, tr2)
         if te1 or tr1:
             break
+
+
+def test_camera_images_are_the_same_with_the_fast_step():
+    from rlinf_sim_gymnasium.sim import GymnasiumSimulator
+
+    envs = [GymnasiumSimulator({"env_id": "Hopper-v5", "obs": "state_rgb", "image_size": 48, "fast_step": f}).make_env(0)
+            for f in (True, False)]
+    try:
+        first = [env.reset(seed=1)[0] for env in envs]
+        assert np.array_equal(first[0]["rgb"], first[1]["rgb"])
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            action = rng.uniform(-1, 1, size=3).astype(np.float32)
+            (o1, *_), (o2, *_) = (env.step(action) for env in envs)
+            assert np.array_equal(o1["rgb"], o2["rgb"]) and np.array_equal(o1["state"], o2["state"])
+    finally:
+        for env in envs:
+            env.close()
