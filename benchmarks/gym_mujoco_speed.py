@@ -3,7 +3,7 @@
 observations and rewards), side by side in one process. Random actions, resets included; each
 number is the median of --repeats blocks, alternating the two so that load hits both alike.
 
-    python benchmarks/gym_mujoco_speed.py [--tasks Hopper-v5 Walker2d-v5 HalfCheetah-v5] [--steps 3000] [--repeats 7]
+    python benchmarks/gym_mujoco_speed.py [--tasks Hopper-v5 Walker2d-v5 HalfCheetah-v5 Ant-v5] [--steps 3000] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def rate(env, actions: np.ndarray, seed: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5"])
+    p.add_argument("--tasks", nargs="+", default=["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5"])
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args()

@@ -37,6 +37,19 @@ def test_running_mean_std_matches_numpy_over_batches():
     assert rms.count == 1000
 
 
+def test_batch_statistics_are_numpys_bit_for_bit():
+    """update() computes a batch's mean and variance inline (it runs every env step); the numbers
+    must be np.mean's and np.var's exactly, so that runs repeat what they gave before."""
+    rng = np.random.default_rng(3)
+    for shape in [(8, 17), (1, 11), (8,), (3, 4, 5), (256, 105)]:
+        x = rng.normal(size=shape) * rng.uniform(0.01, 100.0) + rng.uniform(-50.0, 50.0)
+        ours, ref = RunningMeanStd(shape[1:]), RunningMeanStd(shape[1:])
+        for _ in range(3):
+            ours.update(x)
+            ref.merge(x.mean(axis=0), x.var(axis=0), float(len(x)))
+            assert np.array_equal(ours.mean, ref.mean) and np.array_equal(ours.var, ref.var), shape
+
+
 def test_only_float_entries_are_normalized_and_clipped():
     rng = np.random.default_rng(1)
     norm = Normalizer(SPEC, NormalizeConfig(obs=True, clip_obs=5.0), num_envs=4)

@@ -135,8 +135,13 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
-        if len(x):
-            self.merge(x.mean(axis=0), x.var(axis=0), float(len(x)))
+        n = len(x)
+        if n:
+            # np.mean's and np.var's own arithmetic (sum then divide; squared deviations from that
+            # mean), bit for bit, without their Python wrappers: this runs every env step
+            mean = x.sum(axis=0) / n
+            d = x - mean
+            self.merge(mean, (d * d).sum(axis=0) / n, float(n))
 
     def merge(self, mean: np.ndarray, var: np.ndarray, count: float) -> None:
         if count <= 0:

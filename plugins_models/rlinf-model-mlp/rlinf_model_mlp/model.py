@@ -27,6 +27,9 @@ from rlinf_cli.api import TASK_KEY, EnvSpec
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy import ActOutput, EvalOutput, Policy
 
+from .fast_act import FastActor
+from .fast_act import supported as fast_act_supported
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu, "elu": F.elu}
@@ -50,6 +53,7 @@ class MLPConfig:
     log_std_max: float = 2.0
     q_heads: int = 0  # action-value heads Q(s, a) (SAC: 2); each has a Polyak-averaged target copy
     init_temperature: float = 1.0  # q_heads > 0: initial entropy temperature (alpha), learned by SAC
+    fast_act: bool = True  # act on small CPU batches in numpy (the same maths, a fraction of torch's dispatch)
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -152,6 +156,7 @@ class MLPPolicy(Policy):
         if self.has_q:
             self._q_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q]
             self._q_target_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q_target]
+        self._fast_act = FastActor(self) if cfg.fast_act and fast_act_supported(self) else None
 
     @property
     def observation_keys(self) -> tuple[str, ...]:
@@ -245,6 +250,10 @@ class MLPPolicy(Policy):
         return True
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
+        if self._fast_act is not None:
+            fast = self._fast_act(obs, deterministic)
+            if fast is not None:
+                return ActOutput(*fast)
         x = self.features(obs)
         out = self._run(self._actor_layers, x)
         if self.env_spec.discrete:

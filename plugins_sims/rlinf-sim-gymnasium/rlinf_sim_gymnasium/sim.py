@@ -28,7 +28,7 @@ class GymnasiumConfig:
     obs: str = "state"  # state | rgb | state_rgb: MuJoCo envs add an offscreen camera image "rgb"
     image_size: int = 84  # rgb: image height and width in pixels
     camera: str | int | None = None  # rgb: camera name or id in the MuJoCo model; null = the env's default view
-    fast_step: bool = True  # Hopper/Walker2d/HalfCheetah-v5: the same step with less Python (fast.py)
+    fast_step: bool = True  # Hopper/Walker2d/HalfCheetah/Ant-v5: the same step with less Python (fast.py)
 
     def __post_init__(self) -> None:
         if self.obs not in ("state", "rgb", "state_rgb"):
