@@ -3,7 +3,8 @@
 A rollout calls ``act`` once per step on one row per env; this times that call for a few batch
 sizes and widths (Gaussian actor and value head, as PPO acts; ``--squash`` for SAC's actor),
 in interleaved blocks (torch, numpy, torch, ...), one thread, and prints the medians and their
-ratio. The batch limit of the numpy path (``fast_act.MAX_BATCH``) comes from this table.
+ratio. The numpy path's limit (rows x width^2 <= ``fast_act.MAX_WORK``) comes from this table; it is
+timed here past that limit too.
 
     python benchmarks/fast_act.py --blocks 7
 """

@@ -20,7 +20,7 @@ lr 3e-4 for actor, critics and temperature, gamma 0.99, tau 0.005, twin Q, autom
 ``--sac-buffer``, no normalization in either (rlinf's default would turn it on: set off here). Known differences: SB3 clamps the actor's log std to [-20, 2], rlinf bounds it
 smoothly to [-5, 2]; SB3 steps three optimizers, rlinf one over the three disjoint losses.
 
-Simulator: SB3 steps gymnasium's envs; rlinf's plugin steps Hopper, Walker2d and HalfCheetah
+Simulator: SB3 steps gymnasium's envs; rlinf's plugin steps Hopper, Walker2d, HalfCheetah and Ant
 through its fast path (rlinf_sim_gymnasium/fast.py: the same observations, rewards and
 terminations, less Python per step; ``--rlinf-set sim.fast_step=false`` for gymnasium's step).
 

@@ -34,7 +34,8 @@ def _obs(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
 
 
 def _both(policy: MLPPolicy, obs: dict, deterministic: bool) -> tuple:
-    """(numpy path's output, the torch path's output, the RNG's next draws after each)."""
+    """((numpy path's output, the RNG's next draws), (torch path's output, the RNG's next draws)),
+    both from the same seed."""
     assert policy._fast_act is not None
     outs = []
     for fast in (True, False):
@@ -78,8 +79,7 @@ def test_numpy_act_follows_weight_updates() -> None:
         (out.logprob.sum() + out.value.sum()).backward()  # every parameter has a gradient: flat buffers
         opt.step()
         opt.zero_grad()
-        fast, _ = _both(policy, obs, deterministic=True)[0]
-        slow, _ = _both(policy, obs, deterministic=True)[1]
+        (fast, _), (slow, _) = _both(policy, obs, deterministic=True)
         torch.testing.assert_close(fast.action, slow.action, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fast.value, slow.value, rtol=1e-5, atol=1e-5)
         assert (fast.action - before.action).abs().max() > 1e-3

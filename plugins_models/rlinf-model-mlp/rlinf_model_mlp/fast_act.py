@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from .model import MLPPolicy
 
 # numpy acts while rows x (widest hidden layer)^2 stays under this: past it torch's matmul kernels
-# beat numpy's BLAS by more than the dispatch saved (benchmarks/fast_act.py: at 64x64 numpy wins
-# up to ~128 rows, at 256x256 only at one or two rows)
+# beat numpy's BLAS by more than the dispatch saved (benchmarks/fast_act.py: at 64x64 numpy is 1.6x
+# faster at 64 rows and even at 256; at 256x256 2.4x at 1-4 rows, slower from 8)
 MAX_WORK = 64 * 64 * 64
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG2 = math.log(2.0)
