@@ -21,15 +21,18 @@ MATMULS = {"addmm", "mm", "bmm", "linear", "matmul"}
 
 
 class MatmulDtypes(TorchDispatchMode):
-    """Records the dtype of every matrix product that reaches the kernels (after autocast)."""
+    """Records the dtype of every matrix product that reaches the kernels (after autocast), and
+    the fp32 math mode oneDNN was in for it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[torch.dtype] = []
+        self.modes: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func.overloadpacket.__name__ in MATMULS:
             self.seen.append(args[0].dtype)
+            self.modes.append(torch.backends.mkldnn.matmul.fp32_precision)
         return func(*args, **(kwargs or {}))
 
 
@@ -57,15 +60,19 @@ def _sac(bf16: object, seed: int = 0):
     return policy, algo, engine, batch
 
 
-def _gradient_step(policy, algo, engine, batch) -> tuple[torch.Tensor, dict, list[torch.dtype], dict]:
-    """One step as rlinf_cli/runtime/update.py takes it; also the dtypes the policy's outputs had."""
+def _gradient_step(policy, algo, engine, batch, modes: list | None = None
+                   ) -> tuple[torch.Tensor, dict, list[torch.dtype], dict]:
+    """One step as rlinf_cli/runtime/update.py takes it; also the dtypes the policy's outputs had
+    (and, into ``modes``, oneDNN's fp32 math mode at each matrix product)."""
+    from rlinf_cli.runtime.engine import mixed_precision_active
+
     seen: dict[str, list[torch.dtype]] = {"logp": [], "q": [], "autocast": []}
     sample, q_values = policy.sample, policy.q_values
 
     def spy_sample(obs):
         a, logp = sample(obs)
         seen["logp"].append(logp.dtype)
-        seen["autocast"].append(torch.is_autocast_enabled("cpu"))
+        seen["autocast"].append(mixed_precision_active("cpu"))
         return a, logp
 
     def spy_q(*args, **kwargs):
@@ -83,18 +90,32 @@ def _gradient_step(policy, algo, engine, batch) -> tuple[torch.Tensor, dict, lis
         algo.after_step(policy)
     finally:
         del policy.sample, policy.q_values
+    if modes is not None:
+        modes.extend(mode.modes)
     return loss, stats, mode.seen, seen
 
 
-def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp32():
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn-math", "autocast"])
+def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp32(onednn):
+    from rlinf_cli.runtime.engine import onednn_bf16_available
+
+    if onednn and not onednn_bf16_available():
+        pytest.skip("this CPU's oneDNN has no bf16 kernels: the engine uses autocast (the other case)")
     policy, algo, engine, batch = _sac(True)
+    assert engine.onednn_bf16 == onednn_bf16_available()  # an MLP takes oneDNN's bf16 math where it can
+    engine.onednn_bf16 = onednn
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    loss, stats, matmuls, seen = _gradient_step(policy, algo, engine, batch)
+    modes: list[str] = []
+    loss, stats, matmuls, seen = _gradient_step(policy, algo, engine, batch, modes)
     assert engine.bf16
-    # hidden layers in bf16 (forward and backward); the output layers (fp32 by design) are the rest
-    assert matmuls.count(torch.bfloat16) > len(matmuls) // 2, matmuls
-    assert torch.float32 in matmuls  # output layers: Q values, means and log stds stay fp32
-    assert all(seen["autocast"])  # the loss was computed inside the engine's autocast
+    if onednn:  # every product, forward and backward, on fp32 tensors in oneDNN's bf16 mode
+        assert set(matmuls) == {torch.float32} and modes and set(modes) == {"bf16"}, (matmuls, modes)
+    else:
+        # hidden layers in bf16 (forward and backward); the output layers (fp32 by design) are the rest
+        assert matmuls.count(torch.bfloat16) > len(matmuls) // 2, matmuls
+        assert torch.float32 in matmuls  # output layers: Q values, means and log stds stay fp32
+        assert "bf16" not in modes
+    assert all(seen["autocast"])  # the loss was computed inside the engine's mixed precision
     assert set(seen["logp"]) == {torch.float32} and set(seen["q"]) == {torch.float32}
     assert loss.dtype == torch.float32 and all(v.dtype == torch.float32 for v in stats.values())
     after = policy.state_dict()
@@ -103,6 +124,22 @@ def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp
     assert any(k.startswith("actor.") for k in moved) and any(k.startswith("q.") for k in moved)
     assert any(k.startswith("q_target.") for k in moved) and "log_alpha" in moved  # every part still learns
     assert not torch.is_autocast_enabled("cpu")  # nothing leaks out of the update
+    assert torch.backends.mkldnn.matmul.fp32_precision == "none"
+
+
+def test_policies_with_convolutions_keep_autocast():
+    """oneDNN's fp32 mode is slower than autocast's bf16 kernels for convolutions (measured): a
+    pixel policy stays with autocast."""
+    from rlinf_cli.runtime.engine import OptimSpec, make_engine
+    from rlinf_model_mlp.model import MLPPolicy
+
+    spec = EnvSpec({"rgb": ArraySpec((16, 16, 3), "uint8", 0, 255)}, ArraySpec((2,), "float32", -1.0, 1.0))
+    policy = MLPPolicy({"name": "mlp", "obs_keys": ["rgb"], "hidden_sizes": [16], "cnn_channels": [4],
+                        "cnn_kernels": [4], "cnn_strides": [2], "cnn_features": 8}, spec)
+    engine = make_engine(policy, OptimSpec(1e-3, False, None), {"backend": "torch", "bf16": True})
+    assert engine.bf16 and not engine.onednn_bf16
+    with engine.autocast():
+        assert torch.is_autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize("setting", [False, "auto", None])
@@ -134,8 +171,10 @@ def test_ppo_trains_under_the_same_autocast(cli, monkeypatch):
     evaluate = MLPPolicy.evaluate
 
     def spy(self, obs, action):
+        from rlinf_cli.runtime.engine import mixed_precision_active
+
         out = evaluate(self, obs, action)
-        calls.append((torch.is_autocast_enabled("cpu"), out.logprob.dtype))
+        calls.append((mixed_precision_active("cpu"), out.logprob.dtype))
         return out
 
     monkeypatch.setattr(MLPPolicy, "evaluate", spy)

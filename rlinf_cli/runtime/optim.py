@@ -1,9 +1,9 @@
-"""Adam for many tiny gradient steps: :class:`LeanAdam` (bit-identical to ``torch.optim.Adam``
-with a fraction of its Python overhead) and a multi-tensor gradient clip.
+"""Adam for many tiny gradient steps: :class:`LeanAdam` (torch's Adam with a fraction of its Python
+overhead) and a multi-tensor gradient clip.
 
 With small policies the thousands of tiny gradient steps of a PPO run are bound by Python and
-per-op dispatch, not FLOPs: Adam as a few multi-tensor ops on flat buffers, and the clip as
-three multi-tensor ops, cut that overhead while giving the same numbers.
+per-op dispatch, not FLOPs: Adam as one fused kernel call on flat buffers, and the clip as three
+multi-tensor ops, cut that overhead.
 """
 
 from __future__ import annotations
@@ -31,15 +31,18 @@ def _scalar_dtype() -> torch.dtype:  # what torch's Adam gives its per-parameter
 
 
 class _LeanStep:
-    """Adam's step in a handful of tensor ops, bit-identical to ``torch.optim.Adam``.
+    """Adam's step as one kernel call on flat buffers: ``torch.optim.Adam(fused=True)``'s maths.
 
     For small models ``torch.optim.Adam.step`` is Python-bound: hooks, grouping tensors by
     device, a loop over parameters (~1 ms for a 64x64 actor-critic on a busy 2-core machine).
     After torch's own first step has created the state, a small float32 model's parameters,
     gradients and Adam moments are moved into one flat buffer each (the parameters, gradients
-    and state entries become views of them), and Adam runs as 7 elementwise ops on the flat
-    buffers. Elementwise arithmetic does not care how tensors are laid out, so the result equals
-    torch's per-tensor loop bit for bit (torch's fused kernel does not). The first step creates
+    and state entries become views of them), and Adam runs as torch's fused Adam kernel on the
+    flat buffers: one pass over memory, which matters once the buffers outgrow the core's cache
+    (SAC's 256-wide networks). It agrees with torch's fused Adam on the separate tensors to float
+    rounding (the kernel's scalar tails fall on other elements). Where torch has no fused kernel
+    for the device, 7 elementwise ops on the flat buffers give torch's default per-tensor Adam
+    bit for bit (elementwise arithmetic does not care how tensors are laid out). The first step creates
     Adam's state as torch's would (zeros, step 0) and takes the same path. Larger models, or
     anything unusual (several param groups, amsgrad, maximize, a closure, a missing gradient,
     several devices or dtypes, only some parameters with state, a different step count) go
@@ -112,6 +115,14 @@ class _LeanStep:
             beta1, beta2 = (float(b) for b in group["betas"])
             torch._foreach_add_(flat["steps"], 1.0)
             param, exp_avg, exp_avg_sq = flat["param"], flat["exp_avg"], flat["exp_avg_sq"]
+            fused = _fused_kernel(self._decoupled, param.device.type)
+            if fused is not None:
+                # one pass over the four buffers instead of seven: once they outgrow the core's
+                # cache (SAC's 256x256 actor and twin critics, 210k parameters, 3.4 MB) the
+                # separate ops each stream them from L3: 1.3 ms -> 0.2 ms per step (measured)
+                fused([param], [grad], [exp_avg], [exp_avg_sq], [], [flat["steps"][0]], amsgrad=False, lr=lr,
+                      beta1=beta1, beta2=beta2, weight_decay=wd, eps=eps, maximize=False)
+                return None
             if wd != 0:
                 if self._decoupled:
                     param.mul_(1 - lr * wd)
@@ -128,6 +139,13 @@ class _LeanStep:
     def load_state_dict(self, state_dict: dict) -> None:  # the state tensors are replaced: flatten anew
         self._flat = None
         _undecorated("load_state_dict")(self, state_dict)
+
+
+def _fused_kernel(decoupled: bool, device: str) -> Any:
+    """torch's fused Adam (AdamW) kernel for ``device``, or None where this torch lacks one."""
+    if device not in ("cpu", "cuda"):
+        return None
+    return getattr(torch, "_fused_adamw_" if decoupled else "_fused_adam_", None)
 
 
 class LeanAdam(_LeanStep, torch.optim.Adam):
