@@ -223,11 +223,30 @@ def onednn_bf16_matmuls() -> Iterator[None]:
         flags.fp32_precision = before
 
 
+def onednn_bf16_active() -> bool:
+    """Whether fp32 matrix products on CPU run in oneDNN's bf16 math mode right now (the engine's
+    ``train.bf16`` for convolution-free policies on CPU)."""
+    return getattr(torch.backends.mkldnn.matmul, "fp32_precision", "none") == "bf16"
+
+
+@contextlib.contextmanager
+def fp32_matmuls() -> Iterator[None]:
+    """Inside: fp32 matrix products in full fp32, also under :func:`onednn_bf16_matmuls` (a model's
+    first and output layers: raw observations in, Q values and log stds out)."""
+    flags = torch.backends.mkldnn.matmul
+    before = flags.fp32_precision
+    flags.fp32_precision = "none"
+    try:
+        yield
+    finally:
+        flags.fp32_precision = before
+
+
 def mixed_precision_active(device_type: str = "cpu") -> bool:
     """Whether code runs under the engine's mixed precision, in either of its forms."""
     if torch.is_autocast_enabled(device_type):
         return True
-    return device_type == "cpu" and getattr(torch.backends.mkldnn.matmul, "fp32_precision", "none") == "bf16"
+    return device_type == "cpu" and onednn_bf16_active()
 
 
 class TorchEngine(Engine):

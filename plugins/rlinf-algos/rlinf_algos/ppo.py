@@ -107,13 +107,18 @@ class PPO(Algorithm):
         pg_loss = pg.mean()
 
         v = out.value
+        # Critic warm-up (critic_only) minimises value_term_raw instead. Unclipped: value
+        # clipping keeps V within clip_value of the rollout's values, which would let an untrained
+        # critic move only clip_value per iteration towards returns it has never seen.
         if c.clip_value is not None:
             v_clipped = mb.old_values + torch.clamp(v - mb.old_values, -c.clip_value, c.clip_value)
             v_loss = 0.5 * torch.maximum((v - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
-        else:
+            value_term, value_term_raw = c.value_coef * v_loss, c.value_coef * (0.5 * ((v - mb.returns) ** 2).mean())
+        else:  # without clipping the two are one (no second graph per minibatch)
             v_loss = 0.5 * ((v - mb.returns) ** 2).mean()
+            value_term = value_term_raw = c.value_coef * v_loss
         entropy = out.entropy.mean()
-        loss = pg_loss + c.value_coef * v_loss - c.entropy_coef * entropy
+        loss = pg_loss + value_term - c.entropy_coef * entropy
         stats: dict[str, torch.Tensor] = {}
         if c.kl_coef > 0 and mb.ref_logprob is not None:
             kl = reference_kl(out.logprob, mb)
@@ -128,10 +133,7 @@ class PPO(Algorithm):
                 "clip_frac": clipped.float().mean(),
                 "explained_variance": 1.0 - (mb.returns - v).var() / mb.returns.var().clamp_min(1e-8),
             })
-        # Critic warm-up (critic_only) minimises this instead. Unclipped: value
-        # clipping keeps V within clip_value of the rollout's values, which would let an untrained
-        # critic move only clip_value per iteration towards returns it has never seen.
-        stats["value_loss_raw"] = c.value_coef * 0.5 * ((v - mb.returns) ** 2).mean()
+        stats["value_loss_raw"] = value_term_raw
         return loss, stats
 
     def stop_early(self, stats) -> bool:
