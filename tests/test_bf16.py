@@ -108,9 +108,10 @@ def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp
     modes: list[str] = []
     loss, stats, matmuls, seen = _gradient_step(policy, algo, engine, batch, modes)
     assert engine.bf16
-    if onednn:  # every product on fp32 tensors; the hidden layers' in oneDNN's bf16 mode, the
-        # first and output layers' in full fp32 (the next test counts them)
-        assert set(matmuls) == {torch.float32} and set(modes) == {"bf16", "none"}, (matmuls, modes)
+    if onednn:  # every product on fp32 tensors; the hidden layers' (and the backward pass's) in
+        # oneDNN's bf16 mode, the first and output layers' forward products in full fp32
+        assert set(matmuls) == {torch.float32} and modes.count("bf16") > len(modes) // 2, (matmuls, modes)
+        assert "none" in modes
     else:
         # hidden layers in bf16 (forward and backward); the output layers (fp32 by design) are the rest
         assert matmuls.count(torch.bfloat16) > len(matmuls) // 2, matmuls
@@ -145,38 +146,7 @@ def test_onednn_bf16_keeps_first_and_output_layers_in_full_fp32():
         q32, mean32 = policy.q_values(batch.obs, batch.actions), policy.mean_action(batch.obs)
     assert not torch.equal(q, q32)  # the hidden products really were rounded
     assert torch.allclose(q, q32, rtol=0.02, atol=0.02) and torch.allclose(mean, mean32, rtol=0.02, atol=0.02)
-    # the backward pass too (autograd runs it under the engine's mode): per head, the output
-    # layer's two products and the first layer's weight gradient in fp32, the hidden layer's two in bf16
-    with MatmulDtypes() as mode, onednn_bf16_matmuls():
-        policy.q_values(batch.obs, batch.actions).sum().backward()
-    assert mode.modes[:6] == ["none", "bf16", "none"] * 2, mode.modes
-    assert sorted(mode.modes[6:]) == ["bf16"] * 4 + ["none"] * 6, mode.modes
     assert torch.backends.mkldnn.matmul.fp32_precision == "none"
-
-
-def test_fp32_linear_equals_fp32_autograd_under_onednn_bf16():
-    """The first and output layers' products give fp32's results and gradients bit for bit."""
-    from rlinf_cli.runtime.engine import fp32_linear, onednn_bf16_matmuls
-
-    g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*shape, generator=g, requires_grad=True) for shape in ((64, 14), (32, 14), (32,)))
-    up = torch.randn(64, 32, generator=g)
-    ref = torch.nn.functional.linear(x, w, b)
-    ref.backward(up)
-    grads = [t.grad.clone() for t in (x, w, b)]
-    for t in (x, w, b):
-        t.grad = None
-    with onednn_bf16_matmuls():
-        out = fp32_linear(x, w, b)
-        out.backward(up)
-    assert torch.equal(out, ref) and all(torch.equal(a, t.grad) for a, t in zip(grads, (x, w, b)))
-    from rlinf_cli.runtime.engine import onednn_bf16_available
-
-    if onednn_bf16_available():  # the mode really rounds (at hidden-layer shapes) and fp32_linear does not
-        h, v = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
-        with onednn_bf16_matmuls():
-            plain, exact = torch.nn.functional.linear(h, v), fp32_linear(h, v)
-        assert not torch.equal(plain, h @ v.t()) and torch.equal(exact, torch.nn.functional.linear(h, v))
 
 
 def test_policies_with_convolutions_keep_autocast():

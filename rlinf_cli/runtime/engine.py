@@ -242,41 +242,6 @@ def fp32_matmuls() -> Iterator[None]:
         flags.fp32_precision = before
 
 
-class _FP32Linear(torch.autograd.Function):
-    """``F.linear`` on 2-d inputs whose forward and backward products both run in full fp32."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
-        with fp32_matmuls():
-            return torch.nn.functional.linear(x, w, b)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, w = ctx.saved_tensors
-        gx = gw = gb = None
-        with fp32_matmuls():
-            if ctx.needs_input_grad[0]:
-                gx = grad.mm(w)
-            if ctx.needs_input_grad[1]:
-                gw = grad.t().mm(x)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = grad.sum(0)
-        return gx, gw, gb
-
-
-def fp32_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` in full fp32 also under :func:`onednn_bf16_matmuls`, in the backward pass too
-    (where the engine's mode is back on when autograd runs it). For a model's first and output
-    layers: raw observations in, Q values and log stds out."""
-    if x.dim() == 2 and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                                     or (b is not None and b.requires_grad)):
-        return _FP32Linear.apply(x, w, b)
-    with fp32_matmuls():
-        return torch.nn.functional.linear(x, w, b)
-
-
 def mixed_precision_active(device_type: str = "cpu") -> bool:
     """Whether code runs under the engine's mixed precision, in either of its forms."""
     if torch.is_autocast_enabled(device_type):

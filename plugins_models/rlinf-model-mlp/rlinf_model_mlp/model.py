@@ -26,7 +26,7 @@ from rlinf_cli import settings
 from rlinf_cli.api import TASK_KEY, EnvSpec
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy import ActOutput, EvalOutput, Policy
-from rlinf_cli.runtime.engine import fp32_linear, onednn_bf16_active
+from rlinf_cli.runtime.engine import fp32_matmuls, onednn_bf16_active
 
 from .fast_act import FastActor
 from .fast_act import supported as fast_act_supported
@@ -185,16 +185,16 @@ class MLPPolicy(Policy):
 
     def _run_onednn_bf16(self, layers: list[nn.Linear], x: torch.Tensor, detach: bool) -> torch.Tensor:
         """:meth:`_run` under the engine's oneDNN bf16 math (train.bf16 on CPU): the hidden
-        layers' products from bf16-rounded inputs, the first and output layers' products (forward
-        and backward) in full fp32. Raw observations keep their digits going in, and Q values,
-        means and log stds theirs coming out (as the output layer stays fp32 under autocast); at
-        these shapes (input 14 or output 1 by 256 rows) oneDNN's bf16 mode is also 2-6x slower
-        than fp32 (measured)."""
+        layers' products from bf16-rounded inputs, the first and output layers' forward products
+        in full fp32. Raw observations keep their digits going in, and Q values, means and log stds
+        theirs coming out (as the output layer stays fp32 under autocast); at these shapes (input
+        14 or output 1 by 256 rows) oneDNN's bf16 mode is also 2-6x slower than fp32 (measured)."""
         last = len(layers) - 1
         for i, lin in enumerate(layers):
             w, b = (lin.weight.detach(), lin.bias.detach()) if detach else (lin.weight, lin.bias)
             if i == 0 or i == last:
-                x = fp32_linear(x, w, b)
+                with fp32_matmuls():
+                    x = F.linear(x, w, b)
             else:
                 x = F.linear(x, w, b)
             if i < last:
