@@ -1,21 +1,27 @@
 """Milliseconds per SAC gradient step: rlinf (fp32 and ``train.bf16=true``) vs Stable-Baselines3.
 
+``train.bf16=true`` is timed in both of the engine's forms where this CPU's oneDNN has bf16 kernels:
+oneDNN's bf16 math on fp32 tensors (what the engine picks for an MLP on such a CPU) and autocast
+(what it picks elsewhere).
+
 The settings of ``benchmarks/mujoco_vs_sb3.py`` (batch 256, 256x256 ReLU (``--hidden``), twin Q, automatic
 temperature, lr 3e-4) on a task's observation and action sizes, one thread, in one process.
 A gradient step here is what each library's training loop does per env step once learning has
 started, without the env step: rlinf's ``update_transitions`` (sample from its replay buffer
 through the embodied collector's ``sample``, forward, backward, Adam, Polyak) and SB3's
 ``SAC.train(gradient_steps=1)`` (the same, through its own replay buffer). Both buffers hold the
-same random transitions. The three variants run in interleaved blocks (rlinf fp32, rlinf bf16,
-SB3, rlinf fp32, ...) so that load drifts hit all of them; printed: the median over blocks.
+same random transitions. The variants run in interleaved blocks, in a shuffled order each
+round, so that load drifts hit all of them; printed: the median over blocks (many short blocks:
+this VM's speed drifts by 30% within minutes).
 
-    python benchmarks/sac_step.py --task Hopper-v5 --steps 200 --blocks 7
+    python benchmarks/sac_step.py --task Hopper-v5 --steps 50 --blocks 30
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 import types
@@ -43,7 +49,7 @@ def random_transitions(obs_dim: int, act_dim: int, seed: int) -> dict[str, np.nd
 
 
 def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
-                  hidden: list[int]) -> Callable[[int], None]:
+                  hidden: list[int], autocast: bool = False) -> Callable[[int], None]:
     """``run(n)``: n gradient steps through rlinf's own update loop and replay sampling."""
     from rlinf_algos.sac import SAC, SACConfig
 
@@ -65,6 +71,8 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
                  **algo.model_options()}
     policy = get_registry().load("model", "mlp")(model_cfg, spec)
     engine = make_engine(policy, algo.optim, {"backend": "torch", "bf16": bf16})
+    if autocast:  # the engine's other form of train.bf16 (GPUs, convolutions)
+        engine.onednn_bf16 = False
     replay = ReplayBuffer(spec, ["state"], capacity=FILL)
     replay.add({"state": data["obs"]}, data["actions"], data["rewards"], {"state": data["next_obs"]},
                data["terminated"])
@@ -109,8 +117,8 @@ def sb3_stepper(task: str, data: dict[str, np.ndarray], seed: int, hidden: list[
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="Hopper-v5")
-    p.add_argument("--steps", type=int, default=200, help="gradient steps per timed block")
-    p.add_argument("--blocks", type=int, default=7, help="timed blocks per variant (median reported)")
+    p.add_argument("--steps", type=int, default=50, help="gradient steps per timed block")
+    p.add_argument("--blocks", type=int, default=30, help="timed blocks per variant (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", default="256,256", help="hidden layer widths of actor and critics")
     args = p.parse_args()
@@ -119,16 +127,24 @@ def main() -> None:
     env = gym.make(args.task)
     data = random_transitions(env.observation_space.shape[0], env.action_space.shape[0], args.seed)
     print(machine_line())
+    from rlinf_cli.runtime.engine import onednn_bf16_available
+
     variants: dict[str, Callable[[int], None]] = {
         "rlinf fp32": rlinf_stepper(args.task, data, False, args.seed, hidden),
         "rlinf bf16 (train.bf16=true)": rlinf_stepper(args.task, data, True, args.seed, hidden),
         "sb3 fp32": sb3_stepper(args.task, data, args.seed, hidden),
     }
+    if onednn_bf16_available():
+        variants["rlinf bf16 as autocast"] = rlinf_stepper(args.task, data, True, args.seed, hidden, autocast=True)
     for run in variants.values():  # warm-up: first-call allocations, oneDNN kernel selection
         run(20)
     ms: dict[str, list[float]] = {k: [] for k in variants}
+    order = random.Random(args.seed)
     for _ in range(args.blocks):
-        for name, run in variants.items():
+        names = list(variants)
+        order.shuffle(names)  # no variant always runs after the same one (caches, clock drift)
+        for name in names:
+            run = variants[name]
             t0 = time.perf_counter()
             run(args.steps)
             ms[name].append((time.perf_counter() - t0) * 1000 / args.steps)
