@@ -29,9 +29,13 @@ def _run(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, frozen_
 
 
 @pytest.mark.parametrize("decoupled,wd", [(False, 0.0), (False, 0.1), (True, 0.1)])
-def test_lean_adam_is_torchs_fused_adam_on_flat_buffers(decoupled: bool, wd: float) -> None:
-    """The flat path runs torch's fused Adam kernel once over all parameters: torch's fused Adam
-    on the separate tensors agrees to float rounding (the kernel's vector tails fall elsewhere)."""
+def test_lean_adam_is_torchs_fused_adam_on_flat_buffers(decoupled: bool, wd: float, monkeypatch) -> None:
+    """From FUSED_MIN_PARAMS on, the flat path runs torch's fused Adam kernel once over all
+    parameters: torch's fused Adam on the separate tensors agrees to float rounding (the kernel's
+    vector tails fall elsewhere)."""
+    import rlinf_cli.runtime.optim as optim
+
+    monkeypatch.setattr(optim, "FUSED_MIN_PARAMS", 0)  # this toy model is below it
     ref, lean_cls = (torch.optim.AdamW, LeanAdamW) if decoupled else (torch.optim.Adam, LeanAdam)
     a, b = _pair()
     _run(a, ref(a.parameters(), lr=1e-2, eps=1e-5, weight_decay=wd, fused=True), 12, 0)
@@ -42,12 +46,15 @@ def test_lean_adam_is_torchs_fused_adam_on_flat_buffers(decoupled: bool, wd: flo
         assert torch.allclose(pa, pb, rtol=0, atol=1e-6), (pa - pb).abs().max()
 
 
-def test_lean_adam_without_a_fused_kernel_is_bit_identical_to_torch_adam(monkeypatch) -> None:
-    """Where torch has no fused kernel for the device, seven elementwise ops on the flat buffers
-    give torch's per-tensor Adam bit for bit."""
+@pytest.mark.parametrize("why", ["small model", "no fused kernel"])
+def test_lean_adam_on_small_models_or_without_a_fused_kernel_is_bit_identical_to_torch_adam(why, monkeypatch) -> None:
+    """Below FUSED_MIN_PARAMS (this toy model), or where torch has no fused kernel for the device,
+    seven elementwise ops on the flat buffers give torch's per-tensor Adam bit for bit."""
     import rlinf_cli.runtime.optim as optim
 
-    monkeypatch.setattr(optim, "_fused_kernel", lambda *args: None)
+    if why == "no fused kernel":
+        monkeypatch.setattr(optim, "FUSED_MIN_PARAMS", 0)
+        monkeypatch.setattr(optim, "_fused_kernel", lambda *args: None)
     a, b = _pair()
     _run(a, torch.optim.Adam(a.parameters(), lr=1e-2, eps=1e-5), 12, 0)
     lean = LeanAdam(b.parameters(), lr=1e-2, eps=1e-5)

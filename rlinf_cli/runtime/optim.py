@@ -15,6 +15,12 @@ import torch
 
 # Models up to this many parameters get flat buffers (see _LeanStep); larger ones keep their own.
 FLAT_MAX_PARAMS = 4_000_000
+# From this many parameters the flat buffers take torch's fused Adam kernel (see _LeanStep).
+# Smaller models keep the seven-op step, bit-identical to torch.optim.Adam: the kernel saves ~20 us
+# a step there (31 -> 12 us at 10k parameters, ~1% of a PPO minibatch), and the PPO CartPole
+# learning test's seed, run with it, ended at 324 instead of >= 475; until several seeds show the
+# kernel's rounding changes nothing systematic, small models keep the numbers they were tested with.
+FUSED_MIN_PARAMS = 100_000
 
 
 def _undecorated(name: str) -> Any:
@@ -37,12 +43,13 @@ class _LeanStep:
     device, a loop over parameters (~1 ms for a 64x64 actor-critic on a busy 2-core machine).
     After torch's own first step has created the state, a small float32 model's parameters,
     gradients and Adam moments are moved into one flat buffer each (the parameters, gradients
-    and state entries become views of them), and Adam runs as torch's fused Adam kernel on the
-    flat buffers: one pass over memory, which matters once the buffers outgrow the core's cache
-    (SAC's 256-wide networks). It agrees with torch's fused Adam on the separate tensors to float
-    rounding (the kernel's scalar tails fall on other elements). Where torch has no fused kernel
-    for the device, 7 elementwise ops on the flat buffers give torch's default per-tensor Adam
-    bit for bit (elementwise arithmetic does not care how tensors are laid out). The first step creates
+    and state entries become views of them). From ``FUSED_MIN_PARAMS`` parameters on, Adam runs
+    as torch's fused Adam kernel on the flat buffers: one pass over memory, which matters once the
+    buffers outgrow the core's cache (SAC's 256-wide networks); it agrees with torch's fused Adam
+    on the separate tensors to float rounding (the kernel's scalar tails fall on other elements).
+    Below that, or where torch has no fused kernel for the device, 7 elementwise ops on the flat
+    buffers give torch's default per-tensor Adam bit for bit (elementwise arithmetic does not care
+    how tensors are laid out). The first step creates
     Adam's state as torch's would (zeros, step 0) and takes the same path. Larger models, or
     anything unusual (several param groups, amsgrad, maximize, a closure, a missing gradient,
     several devices or dtypes, only some parameters with state, a different step count) go
@@ -115,7 +122,7 @@ class _LeanStep:
             beta1, beta2 = (float(b) for b in group["betas"])
             torch._foreach_add_(flat["steps"], 1.0)
             param, exp_avg, exp_avg_sq = flat["param"], flat["exp_avg"], flat["exp_avg_sq"]
-            fused = _fused_kernel(self._decoupled, param.device.type)
+            fused = _fused_kernel(self._decoupled, param.device.type) if param.numel() >= FUSED_MIN_PARAMS else None
             if fused is not None:
                 # one pass over the four buffers instead of seven: once they outgrow the core's
                 # cache (SAC's 256x256 actor and twin critics, 210k parameters, 3.4 MB) the
