@@ -11,9 +11,9 @@ Every stage trains through one interface::
     engine.save(checkpoint_dir) / engine.load(checkpoint_dir)
 
 - ``train.backend=torch`` (default): :class:`TorchEngine`. Small models (up to 4M parameters,
-  every embodied policy) step with :class:`~rlinf_cli.runtime.optim.LeanAdam`, torch's fused Adam
-  kernel run once over flat buffers at a fraction of ``torch.optim.Adam``'s Python cost; larger ones (language models) with
-  torch's fused Adam kernel. Under ``torchrun`` gradients are all-reduced each step.
+  every embodied policy) step with :class:`~rlinf_cli.runtime.optim.LeanAdam` on flat buffers, at
+  a fraction of ``torch.optim.Adam``'s Python cost (bit-identical to it below 100k parameters,
+  torch's fused kernel above); larger ones (language models) with torch's fused Adam kernel. Under ``torchrun`` gradients are all-reduced each step.
   ``train.bf16=true``: mixed precision, the forward pass (and with it the backward pass) under
   ``torch.autocast(bfloat16)``, so matrix products run in bf16 while the weights, their gradients,
   the optimizer state and everything autocast keeps in fp32 stay fp32 (the MLP model also runs its
@@ -22,7 +22,7 @@ Every stage trains through one interface::
   lets oneDNN compute the fp32 matrix products from bf16-rounded inputs with fp32 accumulation
   (torch's ``mkldnn.matmul.fp32_precision = "bf16"``, set for the forward and backward passes
   only): the same bf16 products without autocast's per-step casts of weights and activations or
-  bf16 elementwise ops, 8.5% less time per SAC step (256x256, batch 256; benchmarks/sac_step.py).
+  bf16 elementwise ops: 7.6 vs 8.6 ms per SAC step (256x256, batch 256; benchmarks/sac_step.py).
   Convolutions stay with autocast, whose bf16 kernels beat oneDNN's fp32 mode there (30 vs 38 ms
   for a two-layer encoder's forward and backward at batch 256, measured).
   ``auto`` is fp32 with this backend on every device: bf16 has not been shown to leave learning
@@ -212,15 +212,19 @@ def onednn_bf16_available() -> bool:
 
 
 @contextlib.contextmanager
-def onednn_bf16_matmuls() -> Iterator[None]:
-    """Inside: fp32 matrix products on CPU take bf16-rounded inputs, accumulate and return fp32."""
+def _fp32_matmul_precision(mode: str) -> Iterator[None]:
     flags = torch.backends.mkldnn.matmul
     before = flags.fp32_precision
-    flags.fp32_precision = "bf16"
+    flags.fp32_precision = mode
     try:
         yield
     finally:
         flags.fp32_precision = before
+
+
+def onednn_bf16_matmuls() -> contextlib.AbstractContextManager:
+    """Inside: fp32 matrix products on CPU take bf16-rounded inputs, accumulate and return fp32."""
+    return _fp32_matmul_precision("bf16")
 
 
 def onednn_bf16_active() -> bool:
@@ -229,17 +233,10 @@ def onednn_bf16_active() -> bool:
     return getattr(torch.backends.mkldnn.matmul, "fp32_precision", "none") == "bf16"
 
 
-@contextlib.contextmanager
-def fp32_matmuls() -> Iterator[None]:
+def fp32_matmuls() -> contextlib.AbstractContextManager:
     """Inside: fp32 matrix products in full fp32, also under :func:`onednn_bf16_matmuls` (a model's
     first and output layers: raw observations in, Q values and log stds out)."""
-    flags = torch.backends.mkldnn.matmul
-    before = flags.fp32_precision
-    flags.fp32_precision = "none"
-    try:
-        yield
-    finally:
-        flags.fp32_precision = before
+    return _fp32_matmul_precision("none")
 
 
 def mixed_precision_active(device_type: str = "cpu") -> bool:
