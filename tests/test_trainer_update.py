@@ -36,12 +36,21 @@ def test_lean_adam_is_torchs_fused_adam_on_flat_buffers(decoupled: bool, wd: flo
     import rlinf_cli.runtime.optim as optim
 
     monkeypatch.setattr(optim, "FUSED_MIN_PARAMS", 0)  # this toy model is below it
+    calls: list[bool] = []
+    kernel = optim._fused_kernel
+
+    def counted(decoupled: bool, device: str):
+        fn = kernel(decoupled, device)
+        return lambda *args, **kwargs: (calls.append(decoupled), fn(*args, **kwargs))
+
+    monkeypatch.setattr(optim, "_fused_kernel", counted)  # the seven ops agree to rounding too
     ref, lean_cls = (torch.optim.AdamW, LeanAdamW) if decoupled else (torch.optim.Adam, LeanAdam)
     a, b = _pair()
     _run(a, ref(a.parameters(), lr=1e-2, eps=1e-5, weight_decay=wd, fused=True), 12, 0)
     lean = lean_cls(b.parameters(), lr=1e-2, eps=1e-5, weight_decay=wd)
     _run(b, lean, 12, 0)
     assert lean._flat is not None  # the flat path really ran
+    assert calls == [decoupled] * 12  # the kernel took every step
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.allclose(pa, pb, rtol=0, atol=1e-6), (pa - pb).abs().max()
 

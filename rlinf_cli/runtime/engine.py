@@ -13,7 +13,8 @@ Every stage trains through one interface::
 - ``train.backend=torch`` (default): :class:`TorchEngine`. Small models (up to 4M parameters,
   every embodied policy) step with :class:`~rlinf_cli.runtime.optim.LeanAdam` on flat buffers, at
   a fraction of ``torch.optim.Adam``'s Python cost (bit-identical to it below 100k parameters,
-  torch's fused kernel above); larger ones (language models) with torch's fused Adam kernel. Under ``torchrun`` gradients are all-reduced each step.
+  torch's fused kernel above); larger ones (language models) with torch's fused Adam kernel.
+  Under ``torchrun`` gradients are all-reduced each step.
   ``train.bf16=true``: mixed precision, the forward pass (and with it the backward pass) under
   ``torch.autocast(bfloat16)``, so matrix products run in bf16 while the weights, their gradients,
   the optimizer state and everything autocast keeps in fp32 stay fp32 (the MLP model also runs its
@@ -131,6 +132,7 @@ class Engine:
     backend = ""
 
     bf16 = False  # autocast the forward pass to bf16 (TorchEngine with train.bf16=true)
+    onednn_bf16 = False  # train.bf16 as oneDNN's bf16 math on fp32 tensors instead (TorchEngine, CPU)
 
     def __init__(self, module: torch.nn.Module, optim: OptimSpec):
         self.module = module
@@ -436,7 +438,7 @@ def precision_note(engine: Engine) -> str | None:
     they are slower than fp32, the opposite of what the setting is for."""
     if not engine.bf16:
         return None
-    if getattr(engine, "onednn_bf16", False):
+    if engine.onednn_bf16:
         line = ("train.bf16=true: matrix products from bf16-rounded inputs with fp32 accumulation (oneDNN); "
                 "weights, activations, gradients and optimizer in fp32")
     else:

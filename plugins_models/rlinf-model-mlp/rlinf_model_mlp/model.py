@@ -165,36 +165,25 @@ class MLPPolicy(Policy):
 
     def _run(self, layers: list[nn.Linear], x: torch.Tensor, detach: bool = False) -> torch.Tensor:
         """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead;
-        ``detach``: through detached weights (gradients reach the input, not the layers)."""
+        ``detach``: through detached weights (gradients reach the input, not the layers).
+
+        Under ``train.bf16`` the output layer's product stays fp32: its outputs (Q values, means,
+        log stds, logits, values) feed log-probs, targets and losses, where bf16's 8-bit mantissa
+        would round a Q value of 300 to steps of 2. In the engine's oneDNN form (CPU) the first
+        layer's product stays fp32 too (raw observations keep their digits); at those shapes (input
+        14 or output 1 by 256 rows) oneDNN's bf16 mode is also 2-6x slower than fp32 (measured)."""
         if hasattr(layers[0].weight, "ds_id"):  # DeepSpeed ZeRO-3 gathers weights in module hooks
             return (self.actor if layers is self._actor_layers else self.critic)(x)
-        if x.dtype == torch.float32 and x.device.type == "cpu" and onednn_bf16_active():
-            return self._run_onednn_bf16(layers, x, detach)
-        for lin in layers[:-1]:
-            w, b = (lin.weight.detach(), lin.bias.detach()) if detach else (lin.weight, lin.bias)
-            x = self._fn(F.linear(x, w, b))
-        out = layers[-1]
-        w, b = (out.weight.detach(), out.bias.detach()) if detach else (out.weight, out.bias)
-        if x.dtype != torch.float32 and torch.is_autocast_enabled(x.device.type):
-            # mixed precision (train.bf16): the output layer stays fp32. Its outputs (Q values,
-            # means, log stds, logits, values) feed log-probs, targets and losses, where bf16's
-            # 8-bit mantissa would round a Q value of 300 to steps of 2; at width x 1-dim it is cheap
-            with torch.autocast(x.device.type, enabled=False):
-                return F.linear(x.float(), w, b)
-        return F.linear(x, w, b)
-
-    def _run_onednn_bf16(self, layers: list[nn.Linear], x: torch.Tensor, detach: bool) -> torch.Tensor:
-        """:meth:`_run` under the engine's oneDNN bf16 math (train.bf16 on CPU): the hidden
-        layers' products from bf16-rounded inputs, the first and output layers' forward products
-        in full fp32. Raw observations keep their digits going in, and Q values, means and log stds
-        theirs coming out (as the output layer stays fp32 under autocast); at these shapes (input
-        14 or output 1 by 256 rows) oneDNN's bf16 mode is also 2-6x slower than fp32 (measured)."""
+        exact_ends = x.dtype == torch.float32 and x.device.type == "cpu" and onednn_bf16_active()
         last = len(layers) - 1
         for i, lin in enumerate(layers):
             w, b = (lin.weight.detach(), lin.bias.detach()) if detach else (lin.weight, lin.bias)
-            if i == 0 or i == last:
+            if exact_ends and (i == 0 or i == last):
                 with fp32_matmuls():
                     x = F.linear(x, w, b)
+            elif i == last and x.dtype != torch.float32 and torch.is_autocast_enabled(x.device.type):
+                with torch.autocast(x.device.type, enabled=False):
+                    x = F.linear(x.float(), w, b)
             else:
                 x = F.linear(x, w, b)
             if i < last:
