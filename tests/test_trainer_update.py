@@ -189,3 +189,42 @@ def test_critic_warm_up_runs_at_its_own_learning_rate_and_restores_the_actors() 
     assert lr0 == lr1 == lr0_fast == lr1_fast == 1e-4  # the actor's lr is back after the warm-up
     # one Adam step moves each weight by ~lr: 100x the rate, ~100x the displacement
     assert fast > 30 * plain > 0, (plain, fast)
+
+
+@pytest.mark.parametrize("use_flat", [False, True])
+def test_clip_grad_norm_is_torchs_with_or_without_the_flat_gradient(use_flat: bool) -> None:
+    """The multi-tensor clip and the flat one (one norm, one scale over LeanAdam's gradient
+    buffer) both match torch.nn.utils.clip_grad_norm_ to rounding, norm and clipped gradients."""
+    from rlinf_cli.runtime.optim import clip_grad_norm
+
+    a, b = _pair()
+    lean = LeanAdam(b.parameters(), lr=1e-2, eps=1e-5)
+    _run(b, lean, 2, 0)  # flat buffers exist after the first step
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(4))
+    for m in (a, b):
+        m.zero_grad(set_to_none=False)
+        (100 * m(x)).pow(2).mean().backward()  # large: the clip binds
+    a.load_state_dict(b.state_dict())
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        pa.grad = pb.grad.clone()
+    ref = torch.nn.utils.clip_grad_norm_(list(a.parameters()), 0.5)
+    flat = lean.flat_grad() if use_flat else None
+    assert (flat is not None) == use_flat
+    norm = clip_grad_norm(list(b.parameters()), 0.5, flat)
+    assert ref > 0.5
+    torch.testing.assert_close(norm, ref, rtol=1e-6, atol=0)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-7)
+    if use_flat:  # the parameters' gradients are still views of the buffer the optimizer steps
+        assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(b.parameters(), lean._flat["grad_views"]))
+
+
+def test_lean_adam_step_counts_are_views_of_one_buffer_and_round_trip() -> None:
+    a, b = _pair()
+    lean = LeanAdam(b.parameters(), lr=1e-2, eps=1e-5)
+    _run(b, lean, 3, 0)
+    steps = [lean.state[p]["step"] for p in b.parameters()]
+    assert all(float(s) == 3.0 for s in steps) and len({s.data_ptr() for s in steps}) == len(steps)
+    ref = torch.optim.Adam(a.parameters(), lr=1e-2, eps=1e-5)
+    ref.load_state_dict(lean.state_dict())
+    assert all(float(ref.state[p]["step"]) == 3.0 for p in a.parameters())

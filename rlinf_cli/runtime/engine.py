@@ -307,7 +307,10 @@ class TorchEngine(Engine):
                 offset += n
             for p in self._frozen:
                 p.grad = None
-        norm = clip_grad_norm(self.params, self.optim.max_grad_norm) if self.optim.max_grad_norm is not None else None
+        norm = None
+        if self.optim.max_grad_norm is not None:
+            flat = self.optimizer.flat_grad() if isinstance(self.optimizer, (LeanAdam, LeanAdamW)) else None
+            norm = clip_grad_norm(self.params, self.optim.max_grad_norm, flat)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm

@@ -88,19 +88,48 @@ class _LeanStep:
             fm, m_views = flat_of([s["exp_avg"] for s in states])
             fv, v_views = flat_of([s["exp_avg_sq"] for s in states])
             fg, g_views = flat_of([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
-        for p, pv, st, mv, vv in zip(params, p_views, states, m_views, v_views):
+            # the step counts too: one add a step instead of one per parameter (each state keeps a
+            # 0-d view, so torch's own step and state dicts see per-parameter counts as before)
+            fs = torch.stack([s["step"].detach().reshape(()) for s in states])
+        for i, (p, pv, st, mv, vv) in enumerate(zip(params, p_views, states, m_views, v_views)):
             p.data = pv
-            st["exp_avg"], st["exp_avg_sq"] = mv, vv
+            st["exp_avg"], st["exp_avg_sq"], st["step"] = mv, vv, fs[i]
         return {"params": params, "param": fp, "exp_avg": fm, "exp_avg_sq": fv, "grad": fg, "grad_views": g_views,
-                "grad_ptrs": [g.data_ptr() for g in g_views], "steps": [s["step"] for s in states]}
+                "grad_ptrs": [g.data_ptr() for g in g_views], "steps": fs}
+
+    def _flat_eligible(self, params: list[torch.Tensor]) -> bool:
+        """Whether the flat path may take this step (else torch's own step runs)."""
+        group = self.param_groups[0]
+        return not (len(self.param_groups) != 1 or group["amsgrad"] or group["maximize"]
+                    or 0 < len(self.state) < len(params) or group.get("differentiable") or group.get("capturable")
+                    or group.get("fused") or any(p.grad is None or p.grad.is_sparse for p in params))
+
+    def flat_grad(self) -> torch.Tensor | None:
+        """All gradients as one flat buffer (the parameters' ``.grad`` are views of it), or None
+        where the flat path is not set up or a parameter has no gradient. Gradients someone
+        replaced (an all-reduce) are copied in first. For clipping with one norm and one scale."""
+        flat = getattr(self, "_flat", None)
+        params = self.param_groups[0]["params"]
+        if flat is None or flat["params"] is not params:  # as step() would set it up (after a resume too)
+            if not self.state or not self._flat_eligible(params):
+                return None
+            flat = self._flat = self._flatten(params)
+            if flat is None:
+                return None
+        with torch.no_grad():
+            for p, g, ptr in zip(flat["params"], flat["grad_views"], flat["grad_ptrs"]):
+                if p.grad is None:
+                    return None
+                if p.grad.data_ptr() != ptr:
+                    g.copy_(p.grad)
+                    p.grad = g
+        return flat["grad"]
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         group = self.param_groups[0]
         params = group["params"]
         flat = getattr(self, "_flat", None)
-        if closure is not None or len(self.param_groups) != 1 or group["amsgrad"] or group["maximize"] \
-                or 0 < len(self.state) < len(params) or group.get("differentiable") or group.get("capturable") \
-                or group.get("fused") or any(p.grad is None or p.grad.is_sparse for p in params):
+        if closure is not None or not self._flat_eligible(params):
             self._flat = None
             return super().step(closure)  # type: ignore[misc]
         if not self.state:  # the first step: Adam's lazy state, as torch's step would create it
@@ -120,7 +149,7 @@ class _LeanStep:
                     p.grad = g
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             beta1, beta2 = (float(b) for b in group["betas"])
-            torch._foreach_add_(flat["steps"], 1.0)
+            flat["steps"].add_(1.0)
             param, exp_avg, exp_avg_sq = flat["param"], flat["exp_avg"], flat["exp_avg_sq"]
             fused = _fused_kernel(self._decoupled, param.device.type) if param.numel() >= FUSED_MIN_PARAMS else None
             if fused is not None:
@@ -164,9 +193,15 @@ class LeanAdamW(_LeanStep, torch.optim.AdamW):
     _decoupled = True
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, flat: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` (same maths: scale by min(1, max_norm / (norm + 1e-6)))
-    in three multi-tensor ops; returns the norm before clipping."""
+    in three multi-tensor ops, or with ``flat`` (every gradient, as :meth:`_LeanStep.flat_grad`
+    gives it) in one norm and one scale (equal to rounding: one sum instead of a norm of norms);
+    returns the norm before clipping."""
+    if flat is not None:
+        norm = torch.linalg.vector_norm(flat)
+        flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())

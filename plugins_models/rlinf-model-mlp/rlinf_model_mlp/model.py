@@ -28,6 +28,7 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.policy import ActOutput, EvalOutput, Policy
 from rlinf_cli.runtime.engine import fp32_matmuls, onednn_bf16_active
 
+from . import fast_grad
 from .fast_act import FastActor
 from .fast_act import supported as fast_act_supported
 
@@ -55,6 +56,7 @@ class MLPConfig:
     q_heads: int = 0  # action-value heads Q(s, a) (SAC: 2); each has a Polyak-averaged target copy
     init_temperature: float = 1.0  # q_heads > 0: initial entropy temperature (alpha), learned by SAC
     fast_act: bool = True  # act on small CPU batches in numpy (the same maths, a fraction of torch's dispatch)
+    fast_grad: bool = True  # Gaussian evaluate as one autograd node with a hand-written backward (fast_grad.py)
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -158,6 +160,7 @@ class MLPPolicy(Policy):
             self._q_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q]
             self._q_target_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q_target]
         self._fast_act = FastActor(self) if cfg.fast_act and fast_act_supported(self) else None
+        self._fast_grad = cfg.fast_grad and fast_grad.supported(self)
 
     @property
     def observation_keys(self) -> tuple[str, ...]:
@@ -288,6 +291,9 @@ class MLPPolicy(Policy):
 
     def evaluate(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> EvalOutput:
         x = self.features(obs)
+        if self._fast_grad and fast_grad.applies(self, x, action):
+            logp, value = fast_grad.evaluate(self, x, action)
+            return EvalOutput(logp, (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0]), value)
         out = self._run(self._actor_layers, x)
         if self.env_spec.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
