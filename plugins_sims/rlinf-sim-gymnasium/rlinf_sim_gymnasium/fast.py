@@ -86,15 +86,20 @@ def _stepper(u: Any, kind: str, limit: Any) -> Step:
             ok = bool(np.all((s_lo < qpos[2:]) & (qpos[2:] < s_hi))) and bool(np.all((s_lo < qvel) & (qvel < s_hi)))
         return ok
 
+    dt = u.dt  # a property (timestep x frame skip): read once
+    # mjData's arrays never move (reset writes into them), so their numpy views are taken once
+    qpos, qvel, ctrl = data.qpos, data.qvel, data.ctrl
+    clipped = np.empty_like(qvel)
+
     def step(action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         _check(action, nu)
-        x_before = data.qpos[0]
-        data.ctrl[:] = action
+        x_before = qpos[0]
+        ctrl[:] = action
         mujoco.mj_step(model, data, nstep=n_frames)
-        qpos, qvel = data.qpos, data.qvel
         x_after = qpos[0]
-        x_velocity = (x_after - x_before) / u.dt
-        velocity = np.clip(qvel, -10, 10) if clip_velocity else qvel
+        x_velocity = (x_after - x_before) / dt
+        # np.clip(qvel, -10, 10) (NaN stays NaN) without its Python wrapper, into a buffer of this stepper
+        velocity = np.minimum(np.maximum(qvel, -10, out=clipped), 10, out=clipped) if clip_velocity else qvel
         obs = np.concatenate((qpos[skip:], velocity))
         forward = forward_w * x_velocity
         ctrl_cost = ctrl_w * np.sum(np.square(action))
@@ -127,18 +132,20 @@ def _ant_stepper(u: Any, limit: Any) -> Step:
     f_lo, f_hi = u._contact_force_range
     skip = 2 if u._exclude_current_positions_from_observation else 0
     with_forces = u._include_cfrc_ext_in_observation
-    xpos = data.xpos
+    dt = u.dt  # a property (timestep x frame skip): read once
+    # mjData's arrays never move (reset writes into them), so their numpy views are taken once
+    xpos, qpos, qvel, ctrl, cfrc_ext = data.xpos, data.qpos, data.qvel, data.ctrl, data.cfrc_ext
+    forces = np.empty_like(cfrc_ext)
 
     def step(action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         _check(action, nu)
         xy_before = xpos[body, :2].copy()
-        data.ctrl[:] = action
+        ctrl[:] = action
         mujoco.mj_step(model, data, nstep=n_frames)
         mujoco.mj_rnePostConstraint(model, data)
-        qpos, qvel = data.qpos, data.qvel
-        x_velocity, y_velocity = (xpos[body, :2] - xy_before) / u.dt
-        # np.clip's semantics (NaN stays NaN) without its Python wrapper
-        forces = np.minimum(np.maximum(data.cfrc_ext, f_lo), f_hi)
+        x_velocity, y_velocity = (xpos[body, :2] - xy_before) / dt
+        # np.clip's semantics (NaN stays NaN) without its Python wrapper, into a buffer of this stepper
+        np.minimum(np.maximum(cfrc_ext, f_lo, out=forces), f_hi, out=forces)
         parts = (qpos[skip:], qvel, forces[1:].ravel()) if with_forces else (qpos[skip:], qvel)
         obs = np.concatenate(parts)
         is_healthy = np.isfinite(qpos).all() and np.isfinite(qvel).all() and z_lo <= qpos[2] <= z_hi
