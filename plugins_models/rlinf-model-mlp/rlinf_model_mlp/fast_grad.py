@@ -1,14 +1,17 @@
 """The Gaussian actor-critic's ``evaluate`` as one autograd node with a hand-written backward.
 
-PPO's update runs thousands of minibatches through two small MLPs (64x64 at 256 rows: ~30
-MFLOP forward and backward, ~0.4 ms of matrix products on one core). Under autograd the same
-minibatch took ~2.9 ms on Ant-v5: every linear layer, activation and log-prob op is a graph
-node whose bookkeeping (saving inputs, the engine's queue, a backward op per node, transposes
-and accumulations) costs more than its maths. Here the forward runs the same ops as
-:meth:`MLPPolicy.evaluate` (so log-probs and values are bit-identical) without recording them,
-and the backward computes every gradient directly: per layer one product for the weights, one
-sum for the bias, one product and one activation-backward op for the layer below.
-``tests/test_fast_grad.py`` checks outputs and gradients against autograd.
+PPO's update runs thousands of minibatches through two small MLPs (64x64 at 256 rows: ~27
+MFLOP forward and backward, ~0.8-1 ms of matrix products on one core of this VM), and each
+minibatch also pays per-op overhead: under autograd ~230 tensor ops (recording the graph, the
+engine's queue, a backward node per op with its transposes and accumulations). Here the forward
+runs the same ops as :meth:`MLPPolicy.evaluate` (so log-probs and values are bit-identical)
+without recording them, and the backward computes every gradient directly: per layer one product
+for the weights, one sum for the bias, one product and one activation-backward op for the layer
+below. Measured on Ant-v5 sizes: 1.035x per minibatch from this node alone, 1.19x together with
+PPO's fused loss (``rlinf_algos/ppo.py``); ``benchmarks/ppo_update.py`` times the whole update.
+The same idea for SAC's 256-wide networks gave nothing (docs/benchmarks.md): there the step is
+products, not bookkeeping. ``tests/test_fast_grad.py`` checks outputs and gradients against
+autograd.
 
 Used for continuous actions with a state-independent std (PPO's Gaussian), tanh or ReLU, fp32
 outside mixed precision, and not under DeepSpeed ZeRO-3 (whose module hooks gather the weights);
