@@ -62,7 +62,11 @@ class Operator:
         self.folder.mkdir(parents=True, exist_ok=True)
         for name in ("reset_done", "success", "failure"):
             (self.folder / name).unlink(missing_ok=True)
-        (self.folder / "reset_requested").write_text(f"seed {seed}\n")
+        # written whole, then renamed into place: whoever watches for the file (a person's script,
+        # a test) never reads it half-written
+        tmp = self.folder / ".reset_requested.tmp"
+        tmp.write_text(f"seed {seed}\n")
+        tmp.replace(self.folder / "reset_requested")
         deadline = time.monotonic() + self.timeout_s
         while not (self.folder / "reset_done").exists():
             if time.monotonic() > deadline:
