@@ -116,14 +116,7 @@ class _LeanStep:
             flat = self._flat = self._flatten(params)
             if flat is None:
                 return None
-        with torch.no_grad():
-            for p, g, ptr in zip(flat["params"], flat["grad_views"], flat["grad_ptrs"]):
-                if p.grad is None:
-                    return None
-                if p.grad.data_ptr() != ptr:
-                    g.copy_(p.grad)
-                    p.grad = g
-        return flat["grad"]
+        return flat["grad"] if _adopt_grads(flat) else None
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         group = self.param_groups[0]
@@ -142,11 +135,8 @@ class _LeanStep:
             if flat is None:
                 return super().step(closure)  # type: ignore[misc]
         grad = flat["grad"]
+        _adopt_grads(flat)
         with torch.no_grad():
-            for p, g, ptr in zip(params, flat["grad_views"], flat["grad_ptrs"]):
-                if p.grad.data_ptr() != ptr:  # someone replaced .grad (set_to_none, an all-reduce): take it in
-                    g.copy_(p.grad)
-                    p.grad = g
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             beta1, beta2 = (float(b) for b in group["betas"])
             flat["steps"].add_(1.0)
@@ -176,6 +166,19 @@ class _LeanStep:
     def load_state_dict(self, state_dict: dict) -> None:  # the state tensors are replaced: flatten anew
         self._flat = None
         _undecorated("load_state_dict")(self, state_dict)
+
+
+def _adopt_grads(flat: dict[str, Any]) -> bool:
+    """Point every parameter's ``.grad`` back at its view of the flat buffer, copying in gradients
+    someone replaced (set_to_none, an all-reduce); False if a parameter has no gradient."""
+    with torch.no_grad():
+        for p, g, ptr in zip(flat["params"], flat["grad_views"], flat["grad_ptrs"]):
+            if p.grad is None:
+                return False
+            if p.grad.data_ptr() != ptr:
+                g.copy_(p.grad)
+                p.grad = g
+    return True
 
 
 def _fused_kernel(decoupled: bool, device: str) -> Any:
