@@ -81,6 +81,37 @@ def test_squashed_actor_log_prob_matches_a_change_of_variables():
         torch.testing.assert_close(t, b + 0.25)
 
 
+def test_sample_log_prob_and_gradients_equal_the_change_of_variables_form():
+    """sample()'s regrouped log-prob (noise in place of (u - mean) / std) is _squash_logp's, in
+    value and in the gradients SAC's actor loss takes; asymmetric bounds exercise the constants."""
+    from rlinf_cli.registry import get_registry
+
+    spec = EnvSpec(observation={"state": ArraySpec((5,), "float32")},
+                   action=ArraySpec((3,), "float32", low=-3.0, high=1.0), max_episode_steps=5)
+    torch.manual_seed(0)
+    model = get_registry().load("model", "mlp")({"name": "mlp", "squash": True, "q_heads": 2, "critic": False,
+                                                 "hidden_sizes": [32, 32], "activation": "relu"}, spec)
+    obs = {"state": torch.randn(64, 5)}
+    torch.manual_seed(1)
+    action, logp = model.sample(obs)
+    torch.manual_seed(1)
+    mean, log_std = model._squashed(model.features(obs))
+    u = mean + log_std.exp() * torch.randn_like(mean)
+    ref_action, ref_logp = model._center + model._half * torch.tanh(u), model._squash_logp(u, mean, log_std)
+    torch.testing.assert_close(action, ref_action)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    params = list(model.actor.parameters())
+    for out, ref in ((logp, ref_logp), (action, ref_action)):
+        grads = torch.autograd.grad(out.sum(), params, retain_graph=True)
+        ref_grads = torch.autograd.grad(ref.sum(), params, retain_graph=True)
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    # Q heads read actions mapped into (-1, 1): the fused multiply-add equals (a - center) / half
+    x = torch.cat([model.features(obs), (action.detach() - model._center) / model._half], dim=-1)
+    ref_q = torch.stack([model._run(layers, x).squeeze(-1) for layers in model._q_layers])
+    torch.testing.assert_close(model.q_values(obs, action.detach()), ref_q)
+
+
 def test_sac_resumes_exactly_with_its_replay_buffer(workdir):
     args = [*PENDULUM, "num_envs=2", "algo.rollout_steps=4", "algo.warmup_steps=64", "algo.minibatch_size=32",
             "algo.buffer_size=1000", "model.hidden_sizes=[16,16]", "total_steps=400", "eval.episodes=1",

@@ -29,8 +29,7 @@ class _Sums:
     def add(self, stats: dict[str, torch.Tensor]) -> None:
         if self.names is None:
             self.names = list(stats)
-        row = torch.stack([stats[k].detach().reshape(()).float().cpu() if k in stats
-                           else torch.tensor(float("nan")) for k in self.names])
+        row = torch.stack([_scalar(stats[k]) if k in stats else torch.tensor(float("nan")) for k in self.names])
         self.total = row if self.total is None else self.total.add_(row)
         self.count += 1
 
@@ -44,6 +43,14 @@ class _Sums:
             return {}
         return {f"train/{k}": v for k, v in zip(self.names or [], (self.total / max(self.count, 1)).tolist())
                 if not k.endswith("_raw")}
+
+
+def _scalar(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a detached 0-d fp32 CPU tensor; as it is where it already is one (most stats are:
+    four no-op dispatches saved per stat and gradient step)."""
+    if t.dim() == 0 and t.dtype == torch.float32 and not t.requires_grad and not t.is_cuda and t.device.type == "cpu":
+        return t
+    return t.detach().reshape(()).float().cpu()
 
 
 def _step(engine: Any, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:

@@ -109,14 +109,18 @@ class SAC(Algorithm):
             next_q = policy.q_values(b.next_obs, next_a, target=True).min(0).values
             target = b.rewards + c.gamma * (1.0 - b.terminated) * (next_q - alpha * next_logp)
         q = policy.q_values(b.obs, b.actions)  # [K, B]
-        critic_loss = 0.5 * ((q - target) ** 2).mean(1).sum()
+        # 0.5 * mean over the batch, summed over heads; written with few autograd nodes (at SAC's
+        # sizes each node's dispatch costs more than its arithmetic)
+        critic_loss = (q - target).square().sum().mul(0.5 / q.shape[1])
         action, logp = policy.sample(b.obs)
         q_pi = policy.q_values(b.obs, action, detach=True).min(0).values
         actor_loss = (alpha * logp - q_pi).mean()
-        alpha_loss = -(log_alpha * (logp.detach() + self._target_entropy)).mean()
+        logp_mean = logp.detach().mean()
+        # -mean(log_alpha (logp + target)) with the scalar log_alpha taken out of the mean
+        alpha_loss = log_alpha * (-(logp_mean + self._target_entropy))
         loss = critic_loss + actor_loss + alpha_loss
         stats = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "alpha": alpha,
-                 "entropy": -logp.detach().mean(), "q_mean": q.detach().mean()}
+                 "entropy": -logp_mean, "q_mean": q.detach().mean()}
         if c.bc_coef > 0:  # squared error of the actor's mean action on the demonstrations (TD3+BC-style):
             # unlike their log-likelihood, it leaves the action std to the entropy temperature
             demo = b.demo

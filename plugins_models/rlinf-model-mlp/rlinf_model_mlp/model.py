@@ -35,6 +35,10 @@ from .fast_act import supported as fast_act_supported
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "elu": nn.ELU}
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu, "elu": F.elu}
+# In place on a layer's fresh output, which nothing has saved for backward (tanh's and relu's
+# backward read their result, which stays intact): one allocation fewer per layer, 3-4% of a SAC
+# gradient step at 256x256 (benchmarks/sac_step.py's harness, paired blocks).
+_IN_PLACE = {"tanh": torch.tanh_, "relu": torch.relu_}
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,11 @@ class MLPPolicy(Policy):
             high = env_spec.action.high if env_spec.action.high is not None else 1.0
             self.register_buffer("_center", torch.full((out_dim,), (high + low) / 2.0), persistent=False)
             self.register_buffer("_half", torch.full((out_dim,), (high - low) / 2.0), persistent=False)
+            # actions into (-1, 1) as one fused multiply-add (a - center) / half = a * inv + shift
+            self.register_buffer("_inv_half", 1.0 / self._half, persistent=False)
+            self.register_buffer("_shift", -self._center / self._half, persistent=False)
+            # the squashed log-prob's constant part: - d log(sqrt(2 pi)) - 2 d log 2 - sum log half
+            self._logp_const = -out_dim * (_LOG_SQRT_2PI + 2.0 * math.log(2.0)) - float(torch.log(self._half).sum())
         self.has_q = cfg.q_heads > 0
         if self.has_q:
             self.q = nn.ModuleList(mlp([in_dim + out_dim, *hidden, 1], act, 1.0, cfg.ortho_init) for _ in range(cfg.q_heads))
@@ -153,7 +162,7 @@ class MLPPolicy(Policy):
         self._keys = cfg.obs_keys
         # Linear layers in order, for the functional forward below. Module calls cost more than
         # the maths at these sizes (PPO runs thousands of minibatches); the ops are identical.
-        self._fn = _FUNCTIONS[cfg.activation]
+        self._fn = _IN_PLACE.get(cfg.activation, _FUNCTIONS[cfg.activation])
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
         self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)] if cfg.critic else []
         if self.has_q:
@@ -220,7 +229,8 @@ class MLPPolicy(Policy):
         out = self._run(self._actor_layers, x)
         mean, log_std = out[..., :self._act_dim], out[..., self._act_dim:]
         lo, hi = self.cfg.log_std_min, self.cfg.log_std_max
-        return mean, lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1.0)  # smooth bounds
+        # smooth bounds lo + (hi - lo) (tanh + 1) / 2; add_ on the product's fresh output
+        return mean, torch.tanh(log_std).mul(0.5 * (hi - lo)).add_(lo + 0.5 * (hi - lo))
 
     def _squash_logp(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
         """log-prob of the action tanh(u), scaled into the bounds: Gaussian log-prob of u minus
@@ -231,16 +241,26 @@ class MLPPolicy(Policy):
         return gauss - jac.sum(-1)
 
     def sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised action sample (differentiable) and its log-prob [B] (squash only)."""
+        """A reparameterised action sample (differentiable) and its log-prob [B] (squash only).
+
+        The log-prob is :meth:`_squash_logp`'s with (u - mean) / std replaced by the noise it
+        equals, its terms regrouped: half the autograd nodes, the same value to rounding (SAC
+        takes two samples per gradient step, and at its sizes each node's dispatch costs more
+        than its arithmetic)."""
         mean, log_std = self._squashed(self.features(obs))
-        u = mean + log_std.exp() * torch.randn_like(mean)
-        return self._center + self._half * torch.tanh(u), self._squash_logp(u, mean, log_std)
+        noise = torch.randn_like(mean)
+        u = torch.addcmul(mean, log_std.exp(), noise)
+        # log N(u; mean, std) - log|d action / d u| with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))
+        with torch.no_grad():
+            fixed = noise.square().sum(-1).mul_(-0.5).add_(self._logp_const)
+        logp = (u + F.softplus(u * -2.0)).sum(-1).mul(2.0).sub_(log_std.sum(-1)).add_(fixed)
+        return torch.addcmul(self._center, self._half, torch.tanh(u)), logp
 
     def q_values(self, obs: dict[str, torch.Tensor], action: torch.Tensor, target: bool = False,
                  detach: bool = False) -> torch.Tensor:
         """Q(s, a) of every head, [K, B]; ``action`` in the env's units. ``target``: the Polyak
         copies; ``detach``: gradients reach the action but not the heads (the actor's loss)."""
-        x = torch.cat([self.features(obs), (action.float() - self._center) / self._half], dim=-1)
+        x = torch.cat([self.features(obs), torch.addcmul(self._shift, action.float(), self._inv_half)], dim=-1)
         heads = self._q_target_layers if target else self._q_layers
         return torch.stack([self._run(layers, x, detach=detach).squeeze(-1) for layers in heads])
 
