@@ -161,6 +161,24 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 900) -> subproce
     return res
 
 
+def _link_torch(venv: Path) -> bool:
+    """This environment's torch in ``venv`` as links to its packages and a copy of its metadata (a
+    copy: nothing pip does in ``venv`` may reach the original through a link); False, leaving
+    ``venv`` untouched, where torch is not laid out as one wheel's top-level packages."""
+    dist = metadata.distribution("torch")
+    tops = {Path(str(f)).parts[0] for f in dist.files or []} - {".."}
+    sources = {top: Path(str(dist.locate_file(top))) for top in tops}
+    sites = list((venv / "lib").glob("python*/site-packages"))
+    if len(sites) != 1 or not any(t.endswith(".dist-info") for t in tops) or not all(p.exists() for p in sources.values()):
+        return False
+    for top, src in sources.items():
+        if top.endswith(".dist-info"):
+            shutil.copytree(src, sites[0] / top)
+        else:
+            (sites[0] / top).symlink_to(src, target_is_directory=src.is_dir())
+    return True
+
+
 @pytest.mark.slow
 def test_fresh_virtualenv_installs_plugins_by_name_runs_the_loop_and_uninstalls(dist_dir, tmp_path):
     from rlinf_cli import DISTRIBUTION
@@ -181,7 +199,11 @@ def test_fresh_virtualenv_installs_plugins_by_name_runs_the_loop_and_uninstalls(
     py, rlinf = str(venv / "bin" / "python"), str(venv / "bin" / "rlinf")
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        # as the Makefile: torch first, at this environment's version (a CPU build where one lies on disk)
+        # as the Makefile: torch first, at this environment's version; linked in from this
+        # environment where it can be (pip then installs only torch's own dependencies), since
+        # unpacked again it would add ~0.9 GB to the suite's peak disk use (a CI run failed writing a
+        # checkpoint, apparently on a full disk, while this test held its venv)
+        _link_torch(venv)
         torch_version = metadata.version("torch").split("+")[0]
         res = _run([py, "-m", "pip", "install", "-q", "--no-compile", f"torch=={torch_version}"], work, env)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -48,7 +48,7 @@ class _Sums:
 def _scalar(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a detached 0-d fp32 CPU tensor; as it is where it already is one (most stats are:
     four no-op dispatches saved per stat and gradient step)."""
-    if t.dim() == 0 and t.dtype == torch.float32 and not t.requires_grad and not t.is_cuda and t.device.type == "cpu":
+    if t.dim() == 0 and t.dtype == torch.float32 and not t.requires_grad and t.device.type == "cpu":
         return t
     return t.detach().reshape(()).float().cpu()
 
