@@ -82,8 +82,9 @@ def test_squashed_actor_log_prob_matches_a_change_of_variables():
 
 
 def test_sample_log_prob_and_gradients_equal_the_change_of_variables_form():
-    """sample()'s regrouped log-prob (noise in place of (u - mean) / std) is _squash_logp's, in
-    value and in the gradients SAC's actor loss takes; asymmetric bounds exercise the constants."""
+    """sample()'s regrouped log-prob (noise in place of (u - mean) / std, constants folded) is the
+    change-of-variables log-prob, in value and in the gradients SAC's actor loss takes; asymmetric
+    bounds exercise the constants; evaluate() of the sampled action agrees too."""
     from rlinf_cli.registry import get_registry
 
     spec = EnvSpec(observation={"state": ArraySpec((5,), "float32")},
@@ -97,9 +98,13 @@ def test_sample_log_prob_and_gradients_equal_the_change_of_variables_form():
     torch.manual_seed(1)
     mean, log_std = model._squashed(model.features(obs))
     u = mean + log_std.exp() * torch.randn_like(mean)
-    ref_action, ref_logp = model._center + model._half * torch.tanh(u), model._squash_logp(u, mean, log_std)
+    ref_action = model._center + model._half * torch.tanh(u)
+    # the change of variables written out independently: log N(u) - log|d action / d u|
+    ref_logp = (torch.distributions.Normal(mean, log_std.exp()).log_prob(u)
+                - torch.log(model._half * (1 - torch.tanh(u) ** 2))).sum(-1)
     torch.testing.assert_close(action, ref_action)
-    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.evaluate(obs, action.detach()).logprob, logp.detach(), rtol=1e-3, atol=1e-3)
     params = list(model.actor.parameters())
     for out, ref in ((logp, ref_logp), (action, ref_action)):
         grads = torch.autograd.grad(out.sum(), params, retain_graph=True)

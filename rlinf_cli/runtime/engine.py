@@ -227,6 +227,13 @@ def _matmul_precision() -> str:
     return getattr(torch.backends.mkldnn.matmul, "fp32_precision", "none")
 
 
+def _set_matmul_precision(mode: str) -> None:
+    if _SET_PRECISION is not None:
+        _SET_PRECISION("mkldnn", "matmul", mode)
+    else:
+        torch.backends.mkldnn.matmul.fp32_precision = mode
+
+
 class _fp32_matmul_precision:  # noqa: N801 (used as a function)
     """Inside: oneDNN's fp32 matmul precision set to ``mode``; restored on leaving."""
 
@@ -237,17 +244,10 @@ class _fp32_matmul_precision:  # noqa: N801 (used as a function)
 
     def __enter__(self) -> None:
         self.before = _matmul_precision()
-        self._set(self.mode)
+        _set_matmul_precision(self.mode)
 
     def __exit__(self, *exc: object) -> None:
-        self._set(self.before)
-
-    @staticmethod
-    def _set(mode: str) -> None:
-        if _SET_PRECISION is not None:
-            _SET_PRECISION("mkldnn", "matmul", mode)
-        else:
-            torch.backends.mkldnn.matmul.fp32_precision = mode
+        _set_matmul_precision(self.before)
 
 
 def onednn_bf16_matmuls() -> contextlib.AbstractContextManager:
