@@ -193,6 +193,67 @@ def plot(task: str, runs: dict[str, list[dict]], out: Path) -> Path | None:
     return path
 
 
+def return_gap_interval(sb3: list[float], mine: list[float], draws: int = 10_000) -> tuple[float, float]:
+    """95% bootstrap interval of mean(mine) - mean(sb3), seeds resampled on each side on their own.
+
+    The seeds of the two libraries are independent draws (the same seed number gives unrelated
+    runs), so the interval says whether a gap in the means is more than seed-to-seed spread."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(sb3, float), np.asarray(mine, float)
+    diffs = (b[rng.integers(0, len(b), (draws, len(b)))].mean(1) - a[rng.integers(0, len(a), (draws, len(a)))].mean(1))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def report(runs: dict[str, list[dict]], tasks: list[str], algos: list[str]) -> None:
+    rows = []
+    for task in tasks:
+        for algo in algos:
+            if f"{task} {algo} sb3" not in runs or f"{task} {algo} rlinf" not in runs:
+                continue
+            sb3, mine = runs[f"{task} {algo} sb3"], runs[f"{task} {algo} rlinf"]
+            mean = lambda xs: sum(x["return"] for x in xs) / len(xs)  # noqa: E731
+            sps = lambda xs: median([x["env_steps"] / x["train_s"] for x in xs])  # noqa: E731
+            # each seed's rlinf run over the SB3 run beside it (parallel) or just before it (sequential)
+            paired = median([(b["env_steps"] / b["train_s"]) / (a["env_steps"] / a["train_s"])
+                             for a, b in zip(sb3, mine)])
+            gap = "-"
+            if min(len(sb3), len(mine)) >= 2:
+                lo, hi = return_gap_interval([x["return"] for x in sb3], [x["return"] for x in mine])
+                gap = f"{lo:+,.0f} .. {hi:+,.0f}"
+            rows.append([task, algo.upper(), len(sb3), mean(sb3), mean(mine), mean(mine) - mean(sb3), gap, sps(sb3),
+                         sps(mine), sps(mine) / sps(sb3), paired])
+    print(table(["task", "algo", "seeds", "sb3 return", "rlinf return", "rlinf - sb3", "95% interval", "sb3 steps/s",
+                 "rlinf steps/s", "x sb3 (steps/s)", "x sb3 (per seed)"], rows))
+    print("returns: mean over seeds of 10 deterministic held-out episodes; interval: bootstrap over seeds of the "
+          "difference of the means; steps/s: median over seeds, training loop only; per seed: median over seeds "
+          "of rlinf / sb3 of the same seed")
+
+
+def merge(dirs: list[str], out: Path) -> None:
+    """One report over the runs.json of several invocations (e.g. seeds run on different days)."""
+    runs: dict[str, list[dict]] = {}
+    for d in dirs:
+        path = Path(d) / "runs.json"
+        if not path.is_file():
+            print(f"--merge: {path} does not exist; give the --out folders of earlier runs", file=sys.stderr)
+            raise SystemExit(2)
+        for name, rs in json.loads(path.read_text()).items():
+            runs.setdefault(name, []).extend(rs)
+    keys = [name.split() for name in runs if name.endswith(" sb3") and name.replace(" sb3", " rlinf") in runs]
+    tasks = list(dict.fromkeys(k[0] for k in keys))
+    algos = list(dict.fromkeys(k[1] for k in keys))
+    report(runs, tasks, algos)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.json").write_text(json.dumps(runs))
+    for task in tasks:
+        png = plot(task, runs, out)
+        if png is not None:
+            print(f"learning curves: {png}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default="Hopper-v5,HalfCheetah-v5,Walker2d-v5,Ant-v5")
@@ -208,6 +269,8 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/mujoco_vs_sb3", help="learning-curve PNGs and raw JSON")
     p.add_argument("--parallel", action="store_true",
                    help="run the SB3 and rlinf process of each (seed, task, algo) at the same time (1 thread each)")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="run nothing: report over the runs.json in these --out folders together (written to --out)")
     p.add_argument("--rlinf-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra override for every rlinf run (repeatable), e.g. train.bf16=true")
     # worker-only options
@@ -220,6 +283,8 @@ def main() -> None:
     args = p.parse_args()
     if args.sb3_worker:
         return sb3_worker(args)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     tasks = [t for t in args.tasks.split(",") if t]
     algos = [a for a in args.algos.split(",") if a]
@@ -245,6 +310,7 @@ def main() -> None:
                 else:
                     results = [fn(args, task, algo, seed) for _, fn in libs]
                 for (lib, _), r in zip(libs, results):
+                    r["seed"] = seed
                     runs.setdefault(f"{task} {algo} {lib}", []).append(r)
                     print(f"  seed {seed} {task} {algo} {lib}: return {r['return']:.1f}, "
                           f"{r['env_steps'] / r['train_s']:,.0f} env-steps/s", flush=True)
@@ -254,21 +320,7 @@ def main() -> None:
                           f"{pair['rlinf'] / pair['sb3']:.2f}x env-steps/s", flush=True)
     if pool is not None:
         pool.shutdown()
-    rows = []
-    for task in tasks:
-        for algo in algos:
-            sb3, mine = runs[f"{task} {algo} sb3"], runs[f"{task} {algo} rlinf"]
-            mean = lambda xs: sum(x["return"] for x in xs) / len(xs)  # noqa: E731
-            sps = lambda xs: median([x["env_steps"] / x["train_s"] for x in xs])  # noqa: E731
-            # each seed's rlinf run over the SB3 run beside it (parallel) or just before it (sequential)
-            paired = median([(b["env_steps"] / b["train_s"]) / (a["env_steps"] / a["train_s"])
-                             for a, b in zip(sb3, mine)])
-            rows.append([task, algo.upper(), mean(sb3), mean(mine), mean(mine) - mean(sb3), sps(sb3), sps(mine),
-                         sps(mine) / sps(sb3), paired])
-    print(table(["task", "algo", "sb3 return", "rlinf return", "rlinf - sb3", "sb3 steps/s", "rlinf steps/s",
-                 "x sb3 (steps/s)", "x sb3 (per seed)"], rows))
-    print("returns: mean over seeds of 10 deterministic held-out episodes; steps/s: median over seeds, "
-          "training loop only; per seed: median over seeds of rlinf / sb3 of the same seed")
+    report(runs, tasks, algos)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(runs))
