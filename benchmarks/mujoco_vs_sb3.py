@@ -234,13 +234,22 @@ def report(runs: dict[str, list[dict]], tasks: list[str], algos: list[str]) -> N
 
 def merge(dirs: list[str], out: Path) -> None:
     """One report over the runs.json of several invocations (e.g. seeds run on different days)."""
+    def fail(msg: str) -> None:
+        print(f"--merge: {msg}", file=sys.stderr)
+        raise SystemExit(2)
+
+    if any(Path(d).resolve() == out.resolve() for d in dirs):
+        fail(f"--out {out} is one of the merged folders (its runs.json would be overwritten); give a new --out")
     runs: dict[str, list[dict]] = {}
     for d in dirs:
         path = Path(d) / "runs.json"
         if not path.is_file():
-            print(f"--merge: {path} does not exist; give the --out folders of earlier runs", file=sys.stderr)
-            raise SystemExit(2)
-        for name, rs in json.loads(path.read_text()).items():
+            fail(f"{path} does not exist; give the --out folders of earlier runs")
+        try:
+            loaded = json.loads(path.read_text())
+        except ValueError as exc:
+            fail(f"{path} is not JSON ({exc}); was the run that wrote it interrupted?")
+        for name, rs in loaded.items():
             runs.setdefault(name, []).extend(rs)
     keys = [name.split() for name in runs if name.endswith(" sb3") and name.replace(" sb3", " rlinf") in runs]
     tasks = list(dict.fromkeys(k[0] for k in keys))
