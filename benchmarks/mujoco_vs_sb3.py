@@ -254,6 +254,11 @@ def merge(dirs: list[str], out: Path) -> None:
     keys = [name.split() for name in runs if name.endswith(" sb3") and name.replace(" sb3", " rlinf") in runs]
     tasks = list(dict.fromkeys(k[0] for k in keys))
     algos = list(dict.fromkeys(k[1] for k in keys))
+    publish(runs, tasks, algos, out)
+
+
+def publish(runs: dict[str, list[dict]], tasks: list[str], algos: list[str], out: Path) -> None:
+    """The table, runs.json and one learning-curve PNG per task in ``out`` (a run's and --merge's)."""
     report(runs, tasks, algos)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps(runs))
@@ -329,14 +334,7 @@ def main() -> None:
                           f"{pair['rlinf'] / pair['sb3']:.2f}x env-steps/s", flush=True)
     if pool is not None:
         pool.shutdown()
-    report(runs, tasks, algos)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.json").write_text(json.dumps(runs))
-    for task in tasks:
-        png = plot(task, runs, out)
-        if png is not None:
-            print(f"learning curves: {png}")
+    publish(runs, tasks, algos, Path(args.out))
     print("load after: " + machine_line().split("load average ")[1])
 
 
