@@ -74,7 +74,9 @@ def sb3_worker(args: argparse.Namespace) -> None:
     if args.algo == "ppo":
         env = make_vec_env(args.task, n_envs=args.envs, seed=args.seed)
         env = vecnorm = VecNormalize(env, norm_obs=True, norm_reward=True, clip_obs=10.0, clip_reward=10.0, gamma=0.99)
-        model = PPO("MlpPolicy", env, n_steps=args.n_steps, batch_size=256, n_epochs=10, learning_rate=3e-4, gamma=0.99,
+        # --ppo-anneal-lr: SB3 calls the schedule with the fraction of the run left after each rollout
+        lr = (lambda left: 3e-4 * left) if args.ppo_anneal_lr else 3e-4
+        model = PPO("MlpPolicy", env, n_steps=args.n_steps, batch_size=256, n_epochs=10, learning_rate=lr, gamma=0.99,
                     gae_lambda=0.95, clip_range=0.2, clip_range_vf=None, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
                     normalize_advantage=True, seed=args.seed, device="cpu", verbose=0,
                     policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh,
@@ -107,7 +109,7 @@ def run_sb3(args: argparse.Namespace, task: str, algo: str, seed: int) -> dict:
     steps = args.ppo_steps if algo == "ppo" else args.sac_steps
     cmd = [sys.executable, __file__, "--sb3-worker", "--task", task, "--algo", algo, "--steps", str(steps),
            "--envs", str(args.envs), "--n-steps", str(args.n_steps), "--warmup", str(args.sac_warmup),
-           "--buffer", str(args.sac_buffer), "--seed", str(seed)]
+           "--buffer", str(args.sac_buffer), "--seed", str(seed), *(["--ppo-anneal-lr"] if args.ppo_anneal_lr else [])]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"sb3 {algo} {task} seed {seed} failed:\n{out.stderr[-2000:]}")
@@ -121,7 +123,8 @@ def rlinf_args(args: argparse.Namespace, task: str, algo: str, seed: int) -> lis
     if algo == "ppo":
         return common + [
             "algo=ppo", f"total_steps={args.ppo_steps}", f"num_envs={args.envs}", f"algo.rollout_steps={args.n_steps}",
-            "algo.minibatch_size=256", "algo.epochs=10", "algo.lr=3e-4", "algo.anneal_lr=false", "algo.gamma=0.99",
+            "algo.minibatch_size=256", "algo.epochs=10", "algo.lr=3e-4", f"algo.anneal_lr={str(args.ppo_anneal_lr).lower()}",
+            "algo.gamma=0.99",
             "algo.gae_lambda=0.95", "algo.dual_clip=null", "algo.clip_value=null", "algo.entropy_coef=0.0",
             # rlinf's value loss is 0.5 * MSE (times value_coef); SB3's is vf_coef * MSE with vf_coef 0.5
             "algo.value_coef=1.0", "algo.max_grad_norm=0.5", "model.hidden_sizes=[64,64]", "model.activation=tanh",
@@ -251,6 +254,10 @@ def merge(dirs: list[str], out: Path) -> None:
             fail(f"{path} is not JSON ({exc}); was the run that wrote it interrupted?")
         for name, rs in loaded.items():
             runs.setdefault(name, []).extend(rs)
+    for name, rs in runs.items():
+        kinds = {json.dumps({**settings(name.split()[1]), **r.get("settings", {})}, sort_keys=True) for r in rs}
+        if len(kinds) > 1:
+            fail(f"the {name} runs were run with different settings ({' vs '.join(sorted(kinds))}); merge like with like")
     keys = [name.split() for name in runs if name.endswith(" sb3") and name.replace(" sb3", " rlinf") in runs]
     tasks = list(dict.fromkeys(k[0] for k in keys))
     algos = list(dict.fromkeys(k[1] for k in keys))
@@ -268,6 +275,12 @@ def publish(runs: dict[str, list[dict]], tasks: list[str], algos: list[str], out
             print(f"learning curves: {png}")
 
 
+def settings(algo: str, ppo_anneal_lr: bool = False) -> dict:
+    """The switchable settings of a run, kept in runs.json so --merge never pools runs of different
+    settings (the defaults stand for runs written before a switch existed)."""
+    return {"ppo_anneal_lr": ppo_anneal_lr} if algo == "ppo" else {}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default="Hopper-v5,HalfCheetah-v5,Walker2d-v5,Ant-v5")
@@ -278,6 +291,9 @@ def main() -> None:
     p.add_argument("--sac-buffer", type=int, default=1_000_000)
     p.add_argument("--envs", type=int, default=8, help="PPO envs")
     p.add_argument("--n-steps", type=int, default=128, help="PPO steps per env per rollout")
+    p.add_argument("--ppo-anneal-lr", action="store_true",
+                   help="both libraries decay PPO's learning rate linearly to 0 over the run (a diagnostic: the "
+                        "bar's settings, those of benchmarks/ppo_vs_sb3.py, keep it constant)")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--out", default="benchmarks/results/mujoco_vs_sb3", help="learning-curve PNGs and raw JSON")
@@ -303,7 +319,8 @@ def main() -> None:
     tasks = [t for t in args.tasks.split(",") if t]
     algos = [a for a in args.algos.split(",") if a]
     print(machine_line())
-    budgets = {"ppo": f"PPO {args.ppo_steps:,} steps ({args.envs} envs x {args.n_steps})",
+    budgets = {"ppo": f"PPO {args.ppo_steps:,} steps ({args.envs} envs x {args.n_steps})"
+                      + (", learning rate annealed linearly to 0 on both sides" if args.ppo_anneal_lr else ""),
                "sac": f"SAC {args.sac_steps:,} steps (warm-up {args.sac_warmup:,})"}
     print(f"tasks {tasks}; {'; '.join(budgets[a] for a in algos)}; seeds {args.seed}..{args.seed + args.seeds - 1}",
           flush=True)
@@ -325,6 +342,7 @@ def main() -> None:
                     results = [fn(args, task, algo, seed) for _, fn in libs]
                 for (lib, _), r in zip(libs, results):
                     r["seed"] = seed
+                    r["settings"] = settings(algo, args.ppo_anneal_lr)
                     runs.setdefault(f"{task} {algo} {lib}", []).append(r)
                     print(f"  seed {seed} {task} {algo} {lib}: return {r['return']:.1f}, "
                           f"{r['env_steps'] / r['train_s']:,.0f} env-steps/s", flush=True)
