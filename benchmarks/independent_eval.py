@@ -3,12 +3,13 @@
 A check of rlinf's evaluation, and a measure of how much a held-out return depends on things it
 should not: the actor's weights are read from ``model.safetensors`` and run in numpy (float32, as
 rlinf's acting path does, or float64), observations are normalized with the checkpoint's saved
-statistics (``normalizer.safetensors``, when the run had them), and episodes come from a plain
-``gymnasium.make(task)`` reset on seeds ``seed, seed+1, ...``. Deterministic actions: the mean (a
+statistics (``normalizer.safetensors``, when the run had them, with the clip and epsilon saved
+beside them), and episodes come from a plain ``gymnasium.make(task)`` (by default the checkpoint's
+``sim.env_id``) reset on seeds ``seed, seed+1, ...``. Deterministic actions: the mean (a
 Gaussian policy, clipped to the action bounds) or the tanh-squashed mean (``squash``, SAC).
 Prints one JSON line: the mean return and every episode's.
 
-    python benchmarks/independent_eval.py CHECKPOINT --task Ant-v5 --episodes 10 --seed 1000000
+    python benchmarks/independent_eval.py CHECKPOINT --episodes 10 --seed 1000000
     python benchmarks/independent_eval.py CHECKPOINT --task Ant-v5 --episodes 100 --dtype float64
 
 Compare with ``rlinf eval checkpoint=CHECKPOINT episodes=10 seed=1000000 num_envs=1``.
@@ -44,7 +45,8 @@ def load_actor(ckpt: Path, dtype: type) -> tuple[list[tuple[np.ndarray, np.ndarr
     return layers, cfg
 
 
-def load_normalizer(ckpt: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+def load_normalizer(ckpt: Path, key: str) -> tuple[np.ndarray, np.ndarray, float, float] | None:
+    """(mean, var, clip_obs, eps) of the observation entry ``key``, or None without statistics."""
     f = ckpt / "normalizer.safetensors"
     if not f.is_file():
         return None
@@ -53,18 +55,28 @@ def load_normalizer(ckpt: Path, key: str) -> tuple[np.ndarray, np.ndarray] | Non
     state = load_file(str(f))
     if f"{key}.mean" not in state:  # statistics of rewards only
         return None
-    return state[f"{key}.mean"].astype(np.float64), state[f"{key}.var"].astype(np.float64)
+    # the file's "config" row: (obs, reward, clip_obs, clip_reward, gamma, eps), as the run had them
+    _, _, clip_obs, _, _, eps = (float(x) for x in state["config"])
+    return state[f"{key}.mean"].astype(np.float64), state[f"{key}.var"].astype(np.float64), clip_obs, eps
+
+
+def checkpoint_task(ckpt: Path) -> str:
+    """The gymnasium id the checkpoint was trained on (its rlinf.yaml's ``sim.env_id``)."""
+    import yaml
+
+    try:
+        return str(yaml.safe_load((ckpt / "rlinf.yaml").read_text())["sim"]["env_id"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        fail(f"{ckpt}/rlinf.yaml names no sim.env_id; give --task")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
-    p.add_argument("--task", required=True, help="gymnasium id, e.g. Ant-v5")
+    p.add_argument("--task", help="gymnasium id, e.g. Ant-v5 (default: the checkpoint's sim.env_id)")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=1_000_000, help="reset seed of the first episode")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="the actor's arithmetic")
-    p.add_argument("--clip-obs", type=float, default=10.0, help="env.clip_obs of the run")
-    p.add_argument("--eps", type=float, default=1e-8, help="env.normalize_eps of the run")
     args = p.parse_args()
     import gymnasium as gym
 
@@ -73,13 +85,22 @@ def main() -> None:
     layers, cfg = load_actor(ckpt, dtype)
     norm = load_normalizer(ckpt, cfg["obs_keys"][0])
     act = np.tanh if cfg.get("activation") == "tanh" else (lambda x: np.maximum(x, 0))
-    env = gym.make(args.task)
+    task = args.task or checkpoint_task(ckpt)
+    try:
+        env = gym.make(task)
+    except gym.error.Error as exc:
+        fail(f"cannot make gymnasium task {task!r} ({exc})")
     low, high = env.action_space.low.astype(np.float64), env.action_space.high.astype(np.float64)
     dim = int(np.prod(env.action_space.shape))
+    want = (int(np.prod(env.observation_space.shape)), dim * (2 if cfg.get("squash") else 1))
+    if (layers[0][0].shape[0], layers[-1][0].shape[1]) != want:
+        fail(f"the checkpoint's actor maps {layers[0][0].shape[0]} -> {layers[-1][0].shape[1]}, {task} needs "
+             f"{want[0]} -> {want[1]}; was it trained on another task?")
 
     def action(obs: np.ndarray) -> np.ndarray:
         if norm is not None:  # rlinf's arithmetic: float64 statistics, float32 result
-            obs = np.clip((obs - norm[0]) / np.sqrt(norm[1] + args.eps), -args.clip_obs, args.clip_obs).astype(np.float32)
+            mean, var, clip, eps = norm
+            obs = np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
         x = obs.astype(dtype)
         for i, (w, b) in enumerate(layers):
             x = x @ w + b
@@ -98,7 +119,7 @@ def main() -> None:
             ret += float(r)
             done = term or trunc
         returns.append(ret)
-    print(json.dumps({"checkpoint": str(ckpt), "task": args.task, "dtype": args.dtype, "episodes": args.episodes,
+    print(json.dumps({"checkpoint": str(ckpt), "task": task, "dtype": args.dtype, "episodes": args.episodes,
                       "return_mean": float(np.mean(returns)), "return_std": float(np.std(returns)),
                       "returns": [round(r, 1) for r in returns]}))
 

@@ -35,8 +35,15 @@ def test_rlinf_eval_matches_an_evaluator_outside_rlinf(workdir, task, train):
     assert (ckpt / "normalizer.safetensors").is_file() == (task == "Hopper-v5")  # auto: on for PPO, off for SAC
     _ok([RLINF, "eval", f"checkpoint={ckpt}", "episodes=4", "seed=1000000", "num_envs=1", *QUIET, "run_dir=ev"])
     ours = json.loads((workdir / "ev/result.json").read_text())
-    theirs = json.loads(_ok([sys.executable, str(SCRIPT), str(ckpt), "--task", task, "--episodes", "4",
+    theirs = json.loads(_ok([sys.executable, str(SCRIPT), str(ckpt), "--episodes", "4",  # the task from the checkpoint
                              "--seed", "1000000"]).stdout.strip().splitlines()[-1])
+    assert theirs["task"] == task
+    # another task's shapes, or no such task: one line each
+    other = "Pendulum-v1" if task == "Hopper-v5" else "Hopper-v5"
+    for bad, says in ((other, "was it trained on another task?"), ("NoSuchTask-v9", "cannot make gymnasium task")):
+        res = subprocess.run([sys.executable, str(SCRIPT), str(ckpt), "--task", bad], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert [e["ret"] for e in ours["per_episode"]] == pytest.approx(theirs["returns"], abs=0.051)  # theirs: 0.1
     assert ours["eval"]["return_mean"] == pytest.approx(theirs["return_mean"], abs=1e-3)
 
