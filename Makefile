@@ -17,7 +17,7 @@ PLUGIN_FILES := $(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 # `rlinf-accelerators` was split into rlinf-accel-* (cpu built into the core).
 RETIRED := rlinf rlinf-accelerators
 
-.PHONY: install demo test test-fast clean smollm2 bench gl maniskill test-maniskill isaaclab test-isaaclab bench-isaaclab libero libero-reference test-libero vulkan dist docs docs-serve config-history names
+.PHONY: install demo test test-fast test-portable clean smollm2 bench gl maniskill test-maniskill isaaclab test-isaaclab bench-isaaclab libero libero-reference test-libero vulkan dist docs docs-serve config-history names
 
 install: $(STAMP)
 
@@ -62,6 +62,13 @@ demo: install
 
 test: install
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not maniskill and not isaaclab and not libero"
+
+# The numerics-sensitive tests (marker `numerics`) and every learning test (marker `learning`, slow
+# ones too) again under variables that make this CPU compute like a lesser or different one (AVX2
+# MKL and oneDNN on one thread; oneDNN without AMX and MKL's compatible path on two threads):
+# tools/portable.py says which and why. Learning thresholds come from benchmarks/learning_margins.py.
+test-portable: install
+	$(PY) tools/portable.py
 
 test-fast: install
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow and not maniskill and not isaaclab and not libero"

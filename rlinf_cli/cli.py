@@ -113,7 +113,8 @@ def config_show(
         help="Instead, print which defaults of STAGE changed from release OLD to NEW (default: this install), "
              "for the groups picked in the overrides (e.g. --diff 0.1.0 sim=metaworld)."),
 ) -> None:
-    """Print the composed config of STAGE with the given overrides applied.
+    """Print the composed config of STAGE with the given overrides applied, each value that is not a
+    default marked with where it came from (your override, the checkpoint, the task's recommendation).
 
     Example: rlinf config show rl --algo grpo algo.group_size=16
     """
@@ -123,10 +124,11 @@ def config_show(
 
         typer.echo(report(stage, diff, overrides))
         return
-    from rlinf_cli.config import to_yaml
+    from rlinf_cli.config import annotated_yaml, compose, inherited_overrides, origins
 
-    cfg = _compose(stage, overrides)
-    typer.echo(to_yaml(cfg), nl=False)
+    inherited = inherited_overrides(stage, overrides)
+    cfg = compose(stage, overrides, inherited)
+    typer.echo(annotated_yaml(cfg, origins(cfg, overrides, inherited)), nl=False)
 
 
 @plugins_app.command("list")

@@ -78,14 +78,14 @@ def snapshot() -> dict[str, Any]:
     stages: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
     for stage in STAGES:
-        cfg = OmegaConf.to_container(compose(stage), resolve=False)
+        cfg = OmegaConf.to_container(compose(stage, recommend=False), resolve=False)
         choices = dict(cfg.pop("choices"))
         cfg.pop("stage", None)
         for group in stage_groups(stage):
             cfg.pop(group, None)
             for option in group_options(group):
                 if option not in groups.setdefault(group, {}):
-                    node = compose(stage, [f"{group}={option}"])[group]
+                    node = compose(stage, [f"{group}={option}"], recommend=False)[group]
                     groups[group][option] = OmegaConf.to_container(node, resolve=False)
         stages[stage] = {"choices": choices, "config": cfg}
     reg = get_registry()
@@ -106,7 +106,7 @@ def installed(stage: str, choices: dict[str, str]) -> dict[str, Any]:
     from rlinf_cli import __version__
     from rlinf_cli.config import compose, default_choice
 
-    cfg = OmegaConf.to_container(compose(stage, [f"{g}={c}" for g, c in choices.items()]), resolve=False)
+    cfg = OmegaConf.to_container(compose(stage, [f"{g}={c}" for g, c in choices.items()], recommend=False), resolve=False)
     cfg.pop("choices", None)
     cfg.pop("stage", None)
     groups = {g: {c: cfg.pop(g)} for g, c in choices.items()}

@@ -56,11 +56,14 @@ def default_choice(stage: str, group: str) -> str | None:
     return "auto" if "auto" in core else None
 
 
-def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] = ()) -> Any:
+def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] = (), recommend: bool = True) -> Any:
     """Compose the config for ``stage``.
 
     ``inherited`` overrides (for example the simulator a checkpoint was trained on) apply first;
-    the user's ``overrides`` win over them. Returns a DictConfig with ``stage`` and ``choices``.
+    the user's ``overrides`` win over them. Where the simulator plugin recommends settings for the
+    task and algorithm (``rlinf_cli/recommend.py``) they fill every key neither sets, unless
+    ``recommend`` is false (the plain defaults, as release snapshots record them). Returns a
+    DictConfig with ``stage`` and ``choices`` (and ``recommended`` where recommendations applied).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -118,12 +121,41 @@ def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] 
     OmegaConf.set_struct(cfg, False)
     cfg.stage = stage
     cfg.choices = choices
+    if recommend:
+        _apply_recommendations(cfg, {ov.key_or_group for ov in value_ovs}, parser)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise UserError(f"config error: {one_line(str(exc).splitlines()[0])}") from exc
     _check_plugin_names(cfg, choices)
     return cfg
+
+
+def _apply_recommendations(cfg: Any, set_keys: set[str], parser: Any) -> None:
+    """Fill the keys that neither the user nor a checkpoint set with the simulator's
+    recommendation for this task and algorithm; record which keys it filled."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlinf_cli.recommend import lookup, override_text
+
+    values, label = lookup(cfg, search_dirs()[1:])
+    taken = {k.lstrip("+~") for k in set_keys}
+
+    def is_set(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in taken)
+
+    applied = [k for k in values if not is_set(k) and OmegaConf.select(cfg, k, default=_MISSING) is not _MISSING]
+    if not applied:
+        return
+    try:
+        parsed = parser.parse_overrides([override_text(k, values[k]) for k in applied])
+        _apply_values(cfg, parser.parse_overrides([_checked(cfg, ov) for ov in parsed]))
+    except (UserError, HydraException, OmegaConfBaseException) as exc:
+        raise UserError(f"the simulator plugin's recommended settings for {label} are broken ({one_line(str(exc))}); "
+                        f"set the key yourself, or report it to the plugin's authors") from exc
+    cfg.recommended = {"for": label, "keys": applied}
 
 
 def _apply_values(cfg: Any, overrides: list[Any]) -> None:
@@ -292,7 +324,7 @@ def inherited_overrides(stage: str, overrides: Iterable[str]) -> list[str]:
         out.append(f"{group}={choice}")
         out.extend(node_overrides(group, saved[group]))
     if source_key == "resume":
-        skip = {"stage", "choices", "resume", *GROUP_TO_KIND}
+        skip = {"stage", "choices", "resume", "recommended", *GROUP_TO_KIND}
         for key, value in saved.items():
             if key not in skip:
                 out.extend(node_overrides(key, value))
@@ -312,3 +344,44 @@ def _renamed_saved_keys(overrides: list[str]) -> list[str]:
         plus = key[: len(key) - len(key.lstrip("+"))]
         out.append(f"{plus}{translate(key.lstrip('+'), table)}{sep}{value}" if sep else ov)
     return out
+
+
+def origins(cfg: Any, overrides: Iterable[str], inherited: Iterable[str]) -> dict[str, str]:
+    """Where each value that is not a plain default came from: ``{"algo.lr": "set", ...}`` with
+    ``set`` (the user's override), ``checkpoint`` (inherited from init=/resume=) or ``task`` (the
+    simulator's recommendation, ``cfg.recommended``)."""
+    out: dict[str, str] = {}
+    for key in (cfg.get("recommended") or {}).get("keys", []):
+        out[str(key)] = "task"
+    for source, words in (("checkpoint", inherited), ("set", overrides)):
+        for key in _user_values(words):
+            out[key.lstrip("+")] = source
+        for word in words:  # a group choice (sim=metaworld) is set too
+            key = word.partition("=")[0].lstrip("+")
+            if key in GROUP_TO_KIND:
+                out[f"choices.{key}"] = source
+    return out
+
+
+def annotated_yaml(cfg: Any, marks: dict[str, str]) -> str:
+    """The composed config as YAML, each value that is not a plain default marked at the end of
+    its line: ``# set`` (your override), ``# checkpoint``, ``# task`` (recommended for the task)."""
+    text = to_yaml(cfg)
+    label = {"set": "# set", "checkpoint": "# from the checkpoint", "task": "# task recommendation"}
+    lines, stack = [], []  # stack: (indent, key) of the mapping keys above the current line
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        indent = len(line) - len(stripped)
+        if stripped.startswith("- ") or ":" not in stripped:
+            lines.append(line)  # a list item: its key's line carries the mark
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = stripped.split(":", 1)[0].strip("'\"")
+        stack.append((indent, key))
+        mark = marks.get(".".join(k for _, k in stack))
+        lines.append(f"{line}  {label[mark]}" if mark in label else line)
+    header = ["# Values marked '# set' are your overrides, '# from the checkpoint' come from init=/resume=,",
+              "# '# task recommendation' from the simulator plugin's settings for this task and algorithm",
+              "# (listed under 'recommended' at the end); unmarked values are the defaults."]
+    return "\n".join([*header, *lines]) + "\n"

@@ -15,10 +15,35 @@ import pytest
 import rlinf_cli  # noqa: F401  first: sets MKL's reproducibility mode before any torch op
 
 REPO = Path(__file__).resolve().parents[1]
-# PPO settings that solve CartPole within 100k steps for every seed tried (rl-baselines3-zoo's
-# CartPole hyperparameters); the general defaults reach 475 only for some seeds
-CARTPOLE_PPO = ["algo.gamma=0.98", "algo.gae_lambda=0.8", "algo.lr=0.001", "algo.rollout_steps=32", "algo.epochs=20"]
 RLINF = str(Path(sys.executable).with_name("rlinf"))
+
+# Learning tests (marker `learning`) train with this seed; benchmarks/learning_margins.py runs them
+# over several seeds and lesser-CPU settings (`make test-portable`'s variables) and reads what each
+# measured from RLINF_LEARNING_LOG, to set and check their thresholds (docs/benchmarks.md).
+LEARNING_SEED = int(os.environ.get("RLINF_LEARNING_SEED", "0"))
+
+
+@dataclass
+class Learning:
+    """A learning test's seed, and where it reports the number its threshold is checked against."""
+
+    nodeid: str
+    seed: int = LEARNING_SEED
+
+    def record(self, value: float, bar: float, **extra: float) -> None:
+        """Report the measured ``value`` and the ``bar`` it must reach (value >= bar passes)."""
+        path = os.environ.get("RLINF_LEARNING_LOG")
+        if path:
+            row = {"test": self.nodeid, "seed": self.seed, "cpu": os.environ.get("RLINF_CPU_CONFIG", "default"),
+                   "value": float(value), "bar": float(bar),
+                   **{k: float(v) for k, v in extra.items()}}
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture
+def learning(request: pytest.FixtureRequest) -> Learning:
+    return Learning(request.node.nodeid)
 
 # The interrupt tests send SIGINT to an `rlinf` child as Ctrl-C would. A suite started in the
 # background of a non-interactive shell (`make test &` in a script) has SIGINT ignored, and

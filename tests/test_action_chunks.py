@@ -13,6 +13,8 @@ import torch
 from rlinf_cli.api import ArraySpec, EnvSpec
 from rlinf_cli.runtime.chunking import ChunkedSimulator, chunk_targets
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 
 class _CountingEnv:
     """Reward = the action's first entry + 1 at every step; terminates after 5 steps; success at step 5."""

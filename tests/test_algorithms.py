@@ -12,6 +12,8 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.policy import EvalOutput
 from rlinf_cli.experience import Experience
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 
 def _rollout(T=6, N=3, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -32,6 +32,8 @@ from rlinf_cli.runtime.placement import runtime_config  # noqa: E402
 from rlinf_cli.runtime.vector import ReplayError  # noqa: E402
 from rlinf_cli.runtime.workers import hosted_vec_env  # noqa: E402
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 
 def _vec(sim, n: int, autoreset: bool = True) -> BatchedVecEnv:
     env = hosted_vec_env(sim, runtime_config(None), n, autoreset, "local")

@@ -29,7 +29,8 @@ def _final(run_dir: str) -> tuple[float, dict]:
 
 
 @pytest.mark.slow
-def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
+@pytest.mark.learning
+def test_ray_learns_cartpole_like_the_local_executor(cli, learning) -> None:
     """The very same run as the local executor: synchronous actors step the same envs with the
     same seeds and actions, so every metric row and the final weights are equal, and it learns
     (return 4x its first rollouts'). 24k steps, not the local bar's 100k
@@ -37,9 +38,7 @@ def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
     one, and equality row by row carries the local executor's bar over."""
     import torch
 
-    from tests.conftest import CARTPOLE_PPO
-
-    common = ["total_steps=24000", "eval.episodes=10", "progress=false", "tracking.enabled=false", *CARTPOLE_PPO]
+    common = ["total_steps=24000", "eval.episodes=10", "progress=false", "tracking.enabled=false", f"seed={learning.seed}"]
     r = cli("rl", *common, "run_dir=local")
     assert r.code == 0, r.err
     r = cli("rl", *common, "executor=ray", "run_dir=ray")
@@ -56,6 +55,7 @@ def test_ray_learns_cartpole_like_the_local_executor(cli) -> None:
     assert [{k: row[k] for k in want} for row, want in zip(ray_rows, local_rows)] == local_rows
     first = ray_rows[0]["rollout/return_mean"]
     (local_ret, local_w), (ray_ret, ray_w) = _final("local"), _final("ray")
+    learning.record(ray_ret / first, 4, first=first, final=ray_ret)
     assert ray_ret > 4 * first, (first, ray_ret)  # it learned
     assert ray_ret == local_ret
     for k in local_w:

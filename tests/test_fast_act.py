@@ -10,6 +10,8 @@ from rlinf_cli.runtime.optim import LeanAdam
 from rlinf_model_mlp.fast_act import MAX_WORK
 from rlinf_model_mlp.model import MLPPolicy
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 CONT = EnvSpec({"state": ArraySpec((11,), "float32")}, ArraySpec((3,), "float32", -2.0, 1.0))
 DISC = EnvSpec({"state": ArraySpec((4,), "float32")}, ArraySpec((), "int64"), num_actions=5)
 TWO_KEYS = EnvSpec({"state": ArraySpec((5,), "float32"), "goal": ArraySpec((2, 2), "float32")},

@@ -9,6 +9,8 @@ from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
 from rlinf_cli.runtime.engine import onednn_bf16_matmuls
 from rlinf_model_mlp.model import MLPPolicy
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 CONT = EnvSpec({"state": ArraySpec((11,), "float32")}, ArraySpec((3,), "float32", -2.0, 1.0))
 TASKS = EnvSpec({"state": ArraySpec((6,), "float32"), TASK_KEY: ArraySpec((), "int64")},
                 ArraySpec((2,), "float32", -1.0, 1.0), tasks=("a", "b", "c"))

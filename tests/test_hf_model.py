@@ -11,6 +11,8 @@ import torch
 
 from rlinf_model_hf.model import HFCausalLM  # noqa: E402
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 TINY = {"name": "hf", "hidden_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate_size": 64}
 
 

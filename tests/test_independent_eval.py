@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import RLINF
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "independent_eval.py"
 QUIET = ["tracking.enabled=false", "progress=false", "quiet=true"]
 

@@ -15,6 +15,8 @@ from rlinf_cli.api import ArraySpec, EnvSpec
 from rlinf_cli.runtime.normalize import FILE, NormalizeConfig, Normalizer, RunningMeanStd
 from tests.conftest import RLINF
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 SPEC = EnvSpec(observation={"state": ArraySpec((3,), "float32"), "rgb": ArraySpec((4, 4, 3), "uint8"),
                             "task_id": ArraySpec((), "int64"), "instruction": ArraySpec((), "str")},
                action=ArraySpec((2,), "float32", low=-1.0, high=1.0), max_episode_steps=10)

@@ -9,6 +9,8 @@ from rlinf_cli.algorithm import MiniBatch
 from rlinf_cli.policy import EvalOutput
 from rlinf_algos.ppo import PPO
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 CONFIGS = {
     "defaults (dual clip, value clip)": {},
     "plain (SB3's settings)": {"dual_clip": None, "clip_value": None},

@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import RLINF
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 ITERS = 60
 ARGS = ["algo.rollout_steps=16", "num_envs=2", "seed=1", "progress=false", "eval.episodes=2", "algo.epochs=2",
         "algo.minibatch_size=16", f"total_steps={16 * 2 * ITERS}"]

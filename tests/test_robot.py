@@ -96,7 +96,8 @@ def test_emergency_stop_through_the_server_is_one_line(robot, cli) -> None:
 
 
 @pytest.mark.slow
-def test_fake_robot_with_50ms_latency_learns_through_the_server(robot, cli, workdir) -> None:
+@pytest.mark.learning
+def test_fake_robot_with_50ms_latency_learns_through_the_server(robot, cli, workdir, learning) -> None:
     sim = robot.Simulator({"latency_s": 0.05, "max_episode_steps": 100})
     server = EnvServer(sim, ServeConfig(port=0, start_method="spawn"), "fakebot_t")
     port = server.start()
@@ -105,7 +106,7 @@ def test_fake_robot_with_50ms_latency_learns_through_the_server(robot, cli, work
         res = cli("rl", "--algo", "ppo", "sim=remote", f"sim.address=127.0.0.1:{port}", "sim.sessions_per_server=8",
                   "num_envs=8", "total_steps=8000", "algo.rollout_steps=100", "algo.minibatch_size=200", "algo.lr=0.001",
                   "algo.gamma=0.98", "checkpoint.interval=100", "eval.episodes=0", "tracking.enabled=false",
-                  "progress=false", "run_dir=robot_run")
+                  "progress=false", "run_dir=robot_run", f"seed={learning.seed}")
     finally:
         server.stop(grace=0)
     elapsed = time.monotonic() - t0
@@ -116,4 +117,5 @@ def test_fake_robot_with_50ms_latency_learns_through_the_server(robot, cli, work
     # 8,000 steps at >= 50 ms each, 8 robots at a time: the latency is really paid (>= 50 s) ...
     assert elapsed >= 8000 / 8 * 0.05
     # ... and the policy learns: episode return (steps balanced, max 100) well up from the start
+    learning.record(last, 45, first=first)
     assert last >= 2 * first and last >= 45, returns

@@ -22,12 +22,13 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_sft_then_grpo_raises_reward(cli, workdir):
+@pytest.mark.learning
+def test_sft_then_grpo_raises_reward(cli, workdir, learning):
     r = cli("collect", "sim=arithmetic", "sim.digits=1", "policy=expert", "episodes=1000", "output=data/add.jsonl", *QUIET)
     assert r.code == 0, r.err
     assert (workdir / "data/add.jsonl.meta.json").is_file()
     r = cli("sft", "dataset=data/add.jsonl", *TINY, "algo.epochs=3", "algo.minibatch_size=32", "algo.lr=3e-3",
-            "eval.episodes=40", "run_dir=sft", *QUIET)
+            "eval.episodes=40", "run_dir=sft", f"seed={learning.seed}", *QUIET)
     assert r.code == 0, r.err
     sft = json.loads((workdir / "sft/result.json").read_text())
     assert sft["modality"] == "text" and 0.0 <= sft["eval"]["accuracy"] <= 1.0  # scored on the task from provenance
@@ -36,10 +37,11 @@ def test_sft_then_grpo_raises_reward(cli, workdir):
     # benchmarks/sft_grpo_curve.py's job (a ~5M model, +20 points or more).
     r = cli("rl", "--algo", "grpo", f"init={sft['checkpoint']}", "text.iterations=30", "algo.groups=8",
             "algo.group_size=8", "algo.epochs=1", "algo.lr=2e-4", "eval.episodes=64", "eval.seed=0", "eval.interval=30",
-            "run_dir=rl", *QUIET)
+            "run_dir=rl", f"seed={learning.seed}", *QUIET)
     assert r.code == 0, r.err
     rl = json.loads((workdir / "rl/result.json").read_text())
     before = next(m["eval/accuracy"] for m in metrics(workdir / "rl") if m["step"] == 0)
+    learning.record(rl["eval"]["accuracy"] - before, 0.15, before=before)
     assert rl["eval"]["accuracy"] >= before + 0.15, (before, rl["eval"])  # GRPO raised the reward
     # eval reads the task from the checkpoint; pass@k with sampling, and a table of examples
     r = cli("eval", f"checkpoint={rl['checkpoint']}", "episodes=64", "seed=0", "text.pass_k=4", *QUIET)

@@ -7,6 +7,8 @@ import torch
 
 from rlinf_cli.runtime.optim import LeanAdam, LeanAdamW
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 
 def _pair() -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(0)

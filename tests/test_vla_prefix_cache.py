@@ -10,6 +10,8 @@ import torch
 from rlinf_model_vla.model import VLAPolicy
 from test_vla_model import _node, _obs, _spec
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 # Meta-World-like instructions of different lengths (the tiny preset's tokenizer is per character)
 TEXTS = ["reach the goal position", "push the puck to the goal", "open the door",
          "press the button from the top", "close the window"]

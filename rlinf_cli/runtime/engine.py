@@ -133,6 +133,15 @@ class Engine:
 
     bf16 = False  # autocast the forward pass to bf16 (TorchEngine with train.bf16=true)
     onednn_bf16 = False  # train.bf16 as oneDNN's bf16 math on fp32 tensors instead (TorchEngine, CPU)
+    onednn_fallback: str | None = None  # why oneDNN's bf16 math was available but not used (measured)
+
+    @property
+    def precision(self) -> str:
+        """What precision the training matrix products really run in, for the run's params:
+        ``fp32``, ``bf16-onednn`` (bf16-rounded inputs, fp32 tensors) or ``bf16-autocast``."""
+        if not self.bf16:
+            return "fp32"
+        return "bf16-onednn" if self.onednn_bf16 else "bf16-autocast"
 
     def __init__(self, module: torch.nn.Module, optim: OptimSpec):
         self.module = module
@@ -221,6 +230,41 @@ _GET_PRECISION = getattr(torch._C, "_get_fp32_precision_getter", None)
 _SET_PRECISION = getattr(torch._C, "_set_fp32_precision_setter", None)
 
 
+# the smallest minibatch the probe assumes: a layer whose products round at this batch size rounds at
+# the larger ones rlinf trains with (oneDNN takes its bf16 path for larger problems, not smaller)
+PROBE_BATCH = 64
+# layers narrower than this on either side are a model's input or output layers, which the MLP keeps
+# in full fp32 on purpose (fp32_matmuls), and oneDNN may compute such thin products in fp32 anyway
+PROBE_MIN_WIDTH = 16
+
+
+def onednn_bf16_rounds(shapes: Sequence[tuple[int, int]], batch: int = PROBE_BATCH) -> list[tuple[int, int]]:
+    """The ``(in_features, out_features)`` shapes among ``shapes`` whose fp32 products oneDNN's
+    bf16 math mode leaves in full fp32 on this CPU, measured: the flag is a permission, not an
+    order, and whether oneDNN takes it depends on the CPU and the problem size (a 2-core Zen 4
+    rounded a 256x256 product but not a 64x32x32 one; with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``
+    a Sapphire Rapids rounds none, although ``_is_mkldnn_bf16_supported()`` says yes).
+    Empty: every shape rounds."""
+    g = torch.Generator().manual_seed(0)
+    unrounded = []
+    for k, n in dict.fromkeys(shapes):
+        a = torch.randn(batch, k, generator=g)
+        w = torch.randn(n, k, generator=g)
+        with torch.no_grad(), _fp32_matmul_precision("none"):
+            full = torch.nn.functional.linear(a, w)
+        with torch.no_grad(), _fp32_matmul_precision("bf16"):
+            rounded = torch.nn.functional.linear(a, w)
+        if torch.equal(full, rounded):
+            unrounded.append((k, n))
+    return unrounded
+
+
+def _hidden_shapes(module: torch.nn.Module) -> list[tuple[int, int]]:
+    """The linear layers of ``module`` wide enough on both sides to be hidden layers."""
+    return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, torch.nn.Linear)
+            and min(m.in_features, m.out_features) >= PROBE_MIN_WIDTH]
+
+
 def _matmul_precision() -> str:
     if _GET_PRECISION is not None:
         return _GET_PRECISION("mkldnn", "matmul")
@@ -284,9 +328,19 @@ class TorchEngine(Engine):
         self.optimizer = self._optimizer()
         self.bf16 = bool(bf16)
         self._device_type = self.params[0].device.type if self.params else "cpu"
-        # CPU, no convolutions: oneDNN's bf16 math on fp32 tensors instead of autocast (module docstring)
+        # CPU, no convolutions: oneDNN's bf16 math on fp32 tensors instead of autocast (module docstring),
+        # where it measurably rounds this model's hidden layers; otherwise autocast, whose bf16 tensors
+        # round by construction
         self.onednn_bf16 = (self.bf16 and self._device_type == "cpu" and onednn_bf16_available()
                             and not any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()))
+        if self.onednn_bf16:
+            hidden = _hidden_shapes(module)
+            unrounded = onednn_bf16_rounds(hidden) if hidden else []
+            if not hidden or unrounded:
+                self.onednn_bf16 = False
+                what = ", ".join(f"{k}x{n}" for k, n in unrounded[:3]) or "no hidden linear layers"
+                self.onednn_fallback = (f"this CPU's oneDNN keeps these layers' products in full fp32 under its bf16 "
+                                        f"math mode ({what}, measured at batch {PROBE_BATCH})")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if not self.bf16:
@@ -378,7 +432,12 @@ class DeepSpeedEngine(Engine):
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=module, model_parameters=self.params, config=config)
         self.zero_stage = int(zero_stage)
+        self.ds_bf16 = bool(bf16)  # DeepSpeed's own bf16 (weights in bf16, fp32 master copy)
         self._hooks: list[Any] = []
+
+    @property
+    def precision(self) -> str:
+        return "bf16-deepspeed" if self.ds_bf16 else "fp32"
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -472,6 +531,8 @@ def precision_note(engine: Engine) -> str | None:
                 "weights, activations, gradients and optimizer in fp32")
     else:
         line = "train.bf16=true: forward and backward passes under bf16 autocast (weights, gradients and optimizer in fp32)"
+        if engine.onednn_fallback:
+            line = f"train.bf16=true: {engine.onednn_fallback}; bf16 autocast instead (weights, gradients and optimizer in fp32)"
     if engine.params and engine.params[0].device.type == "cpu":
         try:
             flags = Path("/proc/cpuinfo").read_text()

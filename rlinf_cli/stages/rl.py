@@ -88,6 +88,12 @@ def setup(cfg: Any) -> Run:
     rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}",
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
+    if rank == 0 and cfg.get("recommended"):
+        from omegaconf import OmegaConf
+
+        rec = cfg.recommended
+        values = " ".join(f"{k}={OmegaConf.select(cfg, str(k))}" for k in rec["keys"])
+        ctx.note(f"recommended for {rec['for']}: {values} (any override wins)")
     collector = collectors.make(cfg, ctx)
     collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
     algo.check(collector.spec)
@@ -349,6 +355,6 @@ def run(cfg: Any) -> dict[str, Any]:
             Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg), r.collector.unit,
                      enabled=bool(cfg.progress)) as progress:
         progress.done = float(r.step())
-        r.tracker.log_params(flatten(cfg))
+        r.tracker.log_params({**flatten(cfg), "train.precision_used": r.engine.precision})  # measured, not asked
         train(r, progress)
         return finish(r)

@@ -99,7 +99,7 @@ def run(cfg: Any) -> dict[str, Any]:
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
     with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": collector.modality}) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
-        tracker.log_params(flatten(cfg))
+        tracker.log_params({**flatten(cfg), "train.precision_used": engine.precision})  # measured, not asked
         if data.meta_file is not None:
             tracker.log_artifact(data.meta_file, "dataset")
         best = train(cfg, ctx, algo, data, policy, engine, tracker, progress, rank)
