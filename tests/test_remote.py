@@ -435,7 +435,6 @@ def test_malformed_messages_close_that_session_and_the_server_serves_on(caplog) 
                                                                 "args": [0, np.full((2,), 7, np.int64)]})],
         "object array": [wire.pack(open_msg), msgpack.packb({"op": "call", "method": "step", "args": [
             0, msgpack.ExtType(1, msgpack.packb(["|O", [2], b"x" * 16]))]})],
-        "oversized": [wire.pack(open_msg), b"\x00" * 300_000],
     }
     caplog.set_level(logging.INFO, logger="rlinf.env")
     with serving(sim, max_message_mb=0.1) as address:
@@ -462,7 +461,121 @@ def test_malformed_messages_close_that_session_and_the_server_serves_on(caplog) 
             env.close()
     text = caplog.text
     assert text.count("closed the connection") >= len(bad_sessions)
-    assert "malformed message" in text and "over the 0.1 MiB limit" in text and "unknown method '__init__'" in text
+    assert "malformed message" in text and "unknown method '__init__'" in text
+
+
+def _session_call(address: str, messages: list, limit: int = 2**31 - 1):
+    """The replies of one raw session stream that sends ``messages`` (and may send big ones)."""
+    import grpc
+
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", limit), *wire.HTTP2_OPTIONS])
+    try:
+        return [wire.unpack(r) for r in channel.stream_stream(wire.SESSION)(iter(messages), timeout=60)]
+    finally:
+        channel.close()
+
+
+def test_oversized_message_is_refused_by_grpc_and_the_server_serves_on() -> None:
+    """Issue 31: the server held each message whole (up to 2x max_message_mb) before checking its
+    size. gRPC now refuses it from its length, before buffering it: RESOURCE_EXHAUSTED."""
+    import grpc
+
+    open_msg = {"op": "open", "protocol": wire.PROTOCOL, "shards": [[0, 2]], "autoreset": True, "codec": ["none", False, 1]}
+    with serving(CounterSim(), max_message_mb=0.1) as address:
+        for messages in ([b"\x00" * 150_000], [wire.pack(open_msg), b"\x00" * 150_000]):  # first, or mid-session
+            with pytest.raises(grpc.RpcError) as err:
+                _session_call(address, messages)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"larger than max (150000 vs. {int(0.1 * 2**20)})" in err.value.details()
+        replies = _session_call(address, [wire.pack(open_msg), wire.pack({"op": "close"})])
+        assert replies[0]["ok"]["envs"] == 2 and replies[1] == {"ok": None}  # still serving
+
+
+def test_server_memory_stays_bounded_under_oversized_messages() -> None:
+    """Four concurrent 45 MB messages to a server limited to 24 MiB (within the old 2x + 1 MiB
+    gRPC limit): refused from their length, so the server's peak memory barely moves (~20 MB
+    here, against ~280 MB when they were buffered whole and then checked)."""
+    import threading
+
+    import grpc
+
+    def peak_kb(pid: int) -> int:
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        return int(status["VmHWM"].split()[0])
+
+    port = free_port()
+    payload = b"\x00" * (45 * 2**20)
+    codes: list = []
+
+    def send() -> None:
+        try:
+            _session_call(f"127.0.0.1:{port}", [payload])
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+
+    with server_process(port, "max_message_mb=24") as proc:
+        before = peak_kb(proc.pid)
+        senders = [threading.Thread(target=send) for _ in range(4)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        grown_mb = (peak_kb(proc.pid) - before) / 1024
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 4
+    assert grown_mb < 150, f"the server's peak memory grew by {grown_mb:.0f} MB"
+
+
+def test_streams_beyond_the_cap_are_refused() -> None:
+    """At most max_sessions + 8 streams and calls at once (each may hold up to max_message_mb):
+    one more is refused at once with RESOURCE_EXHAUSTED, and the server serves on after."""
+    import queue
+    import threading
+
+    import grpc
+
+    from rlinf_cli.remote.server import max_streams
+
+    server = EnvServer(CounterSim(), ServeConfig(port=0, max_sessions=1), "test")
+    opened = threading.Semaphore(0)
+
+    class Ids:  # the session handler takes an id as it starts: count the streams that reached it
+        n = 0
+
+        def __next__(self) -> int:
+            self.n += 1
+            opened.release()
+            return self.n
+
+    server._ids = Ids()
+    address = f"127.0.0.1:{server.start()}"
+    channel = grpc.insecure_channel(address)
+    idle: list = []
+    try:
+        cap = max_streams(server.cfg)
+        assert cap == 9
+        for _ in range(cap):  # streams that never send their first message hold their slot
+            idle.append(channel.stream_stream(wire.SESSION)(iter(queue.Queue().get, None)))
+        for _ in range(cap):
+            assert opened.acquire(timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary(wire.INFO)(wire.pack({"protocol": wire.PROTOCOL}), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+        for call in idle:
+            call.cancel()
+        deadline = time.monotonic() + 30
+        while True:  # the cancelled streams free their slots
+            try:
+                info = wire.unpack(channel.unary_unary(wire.INFO)(wire.pack({"protocol": wire.PROTOCOL}), timeout=30))
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert info["protocol"] == wire.PROTOCOL
+    finally:
+        for call in idle:
+            call.cancel()
+        channel.close()
+        server.stop(grace=0)
 
 
 def test_simulator_errors_travel_as_one_line() -> None:
