@@ -271,7 +271,9 @@ def _remote_env(port: int, n: int = 4, reconnect_s: float = 2.0, timeout_s: floa
     return _local("disaggregated", worker_timeout_s=timeout_s, max_restarts=restarts).make_vec_env(remote, n, True)
 
 
-def test_server_killed_mid_run_is_a_clear_error() -> None:
+def test_server_killed_mid_run_is_a_clear_error(capsys) -> None:
+    """A server gone for longer than sim.reconnect_s: the error says which server, for how long,
+    and what to do (not "check the simulator": issue 31)."""
     port = free_port()
     with server_process(port) as proc:
         env = _remote_env(port)
@@ -281,15 +283,20 @@ def test_server_killed_mid_run_is_a_clear_error() -> None:
             proc.kill()
             proc.wait()
             t0 = time.monotonic()
-            with pytest.warns(RuntimeWarning, match="died during step"):
-                with pytest.raises(EnvWorkerError, match=r"could not be restarted: .*no new session within 2 s"):
-                    env.step(np.zeros(4, dtype=np.int64))
+            with pytest.raises(EnvWorkerError) as err:
+                env.step(np.zeros(4, dtype=np.int64))
             assert time.monotonic() - t0 < 15
         finally:
             env.close()
+    msg = str(err.value)
+    assert msg.startswith(f"env server 127.0.0.1:{port} was lost during step (lost env server 127.0.0.1:{port} (UNAVAILABLE")
+    assert "could not be reached again within sim.reconnect_s=2 s" in msg and "Check the simulator" not in msg
+    assert msg.endswith("Restart `rlinf env serve` on that host, then resume the run from its last checkpoint")
+    assert err.value.server_lost
+    assert f"env worker 0 (envs 0-1): lost env server 127.0.0.1:{port}" in capsys.readouterr().err
 
 
-def test_server_restarted_mid_run_reconnects_and_truncates() -> None:
+def test_server_restarted_mid_run_reconnects_and_truncates(capsys) -> None:
     port = free_port()
     with server_process(port) as proc:
         env = _remote_env(port, reconnect_s=60)
@@ -300,14 +307,75 @@ def test_server_restarted_mid_run_reconnects_and_truncates() -> None:
             proc.kill()
             proc.wait()
             with server_process(port):
-                with pytest.warns(RuntimeWarning, match="restarted it"):
-                    sb = env.step(np.zeros(4, dtype=np.int64))
+                sb = env.step(np.zeros(4, dtype=np.int64))
+                assert "reconnecting for up to 60 s (sim.reconnect_s)" in capsys.readouterr().err
                 assert sb.truncated.all() and sb.final_obs is not None  # both sessions lost their episodes
                 assert sb.stats["runtime/worker_restarts"] == 2.0
                 after = env.step(np.zeros(4, dtype=np.int64))  # the new sessions step on
                 assert not after.truncated.any()
         finally:
             env.close()
+
+
+def test_every_server_outage_within_reconnect_s_is_survived(capsys) -> None:
+    """Issue 31: a second short outage ended the run (the outages used up runtime.max_restarts).
+    Outages after which the sessions served steps are free, however many; a server lost again
+    before serving a step counts, so a server that keeps dying cannot loop forever."""
+    port = free_port()
+    zeros = np.zeros(4, dtype=np.int64)
+    with contextlib.ExitStack() as servers:
+        proc = servers.enter_context(server_process(port))
+        env = _remote_env(port, reconnect_s=60, restarts=0)
+        try:
+            env.reset([0, 1, 2, 3])
+
+            def outage() -> None:
+                nonlocal proc
+                proc.kill()
+                proc.wait()
+                proc = servers.enter_context(server_process(port))
+
+            for _ in range(2):  # outages, with runtime.max_restarts=0
+                env.step(zeros)
+                outage()
+                assert env.step(zeros).truncated.all()
+            assert env.restarts == [0, 0]
+            assert capsys.readouterr().err.count("reconnecting for up to 60 s") == 4  # two sessions, twice
+            outage()  # no step served since the last one: this one counts
+            with pytest.raises(EnvWorkerError, match=r"again before it served a step since its last restart; restarted 0 "
+                                                     r"time\(s\) already \(runtime.max_restarts=0\)\. Check the log and "
+                                                     r"memory of env server 127\.0\.0\.1:\d+, restart `rlinf env serve`"):
+                env.step(zeros)
+        finally:
+            env.close()
+
+
+def test_rl_names_the_resume_command_when_the_server_is_lost(cli, workdir) -> None:
+    """`rlinf rl` whose server stays away: one line saying which server was lost, to restart it,
+    and the command that resumes the run from its last checkpoint (issue 31)."""
+    import threading
+
+    port = free_port()
+    first = workdir / "run" / "checkpoints" / "iter_000001"
+    with server_process(port) as proc:
+        def kill_after_first_checkpoint() -> None:
+            deadline = time.monotonic() + 120
+            while not first.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.kill()
+
+        killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+        killer.start()
+        res = cli("rl", "--algo", "ppo", "sim=remote", f"sim.address=127.0.0.1:{port}", "sim.reconnect_s=1",
+                  "sim.sessions_per_server=1", "num_envs=2", "algo.rollout_steps=16", "total_steps=1000000",
+                  "checkpoint.interval=1", "tracking.enabled=false", "progress=false", "run_dir=run")
+        killer.join()
+    assert res.code == 2 and "Traceback" not in res.err, res.err
+    error = res.err.splitlines()[-1]  # before it: the run's notes and the reconnect warning
+    assert error.startswith(f"error: env server 127.0.0.1:{port} was lost during "), res.err
+    assert "Restart `rlinf env serve` on that host, then resume the run from its last checkpoint: rlinf rl resume=" in error
+    resume = Path(error.rsplit("resume=", 1)[1])
+    assert resume.parent == Path("run/checkpoints") and resume.name.startswith("iter_") and (workdir / resume).is_dir()
 
 
 def stop_all_threads(pid: int, timeout: float = 30.0) -> None:
@@ -340,9 +408,9 @@ def test_hung_server_surfaces_after_worker_timeout() -> None:
             env.reset([0, 1, 2, 3])
             stop_all_threads(proc.pid)
             t0 = time.monotonic()
-            with pytest.warns(RuntimeWarning, match=r"no reply from 127.0.0.1:\d+ in 2 s"):
-                with pytest.raises(EnvWorkerError, match="could not be restarted"):
-                    env.step(np.zeros(4, dtype=np.int64))
+            with pytest.raises(EnvWorkerError, match=r"was lost during step \(no reply from 127.0.0.1:\d+ in 2 s .* "
+                                                     r"could not be reached again within sim.reconnect_s=1 s"):
+                env.step(np.zeros(4, dtype=np.int64))
             assert 2 <= time.monotonic() - t0 < 20
         finally:
             os.kill(proc.pid, signal.SIGCONT)
@@ -367,7 +435,6 @@ def test_malformed_messages_close_that_session_and_the_server_serves_on(caplog) 
                                                                 "args": [0, np.full((2,), 7, np.int64)]})],
         "object array": [wire.pack(open_msg), msgpack.packb({"op": "call", "method": "step", "args": [
             0, msgpack.ExtType(1, msgpack.packb(["|O", [2], b"x" * 16]))]})],
-        "oversized": [wire.pack(open_msg), b"\x00" * 300_000],
     }
     caplog.set_level(logging.INFO, logger="rlinf.env")
     with serving(sim, max_message_mb=0.1) as address:
@@ -394,7 +461,121 @@ def test_malformed_messages_close_that_session_and_the_server_serves_on(caplog) 
             env.close()
     text = caplog.text
     assert text.count("closed the connection") >= len(bad_sessions)
-    assert "malformed message" in text and "over the 0.1 MiB limit" in text and "unknown method '__init__'" in text
+    assert "malformed message" in text and "unknown method '__init__'" in text
+
+
+def _session_call(address: str, messages: list, limit: int = 2**31 - 1):
+    """The replies of one raw session stream that sends ``messages`` (and may send big ones)."""
+    import grpc
+
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", limit), *wire.HTTP2_OPTIONS])
+    try:
+        return [wire.unpack(r) for r in channel.stream_stream(wire.SESSION)(iter(messages), timeout=60)]
+    finally:
+        channel.close()
+
+
+def test_oversized_message_is_refused_by_grpc_and_the_server_serves_on() -> None:
+    """Issue 31: the server held each message whole (up to 2x max_message_mb) before checking its
+    size. gRPC now refuses it from its length, before buffering it: RESOURCE_EXHAUSTED."""
+    import grpc
+
+    open_msg = {"op": "open", "protocol": wire.PROTOCOL, "shards": [[0, 2]], "autoreset": True, "codec": ["none", False, 1]}
+    with serving(CounterSim(), max_message_mb=0.1) as address:
+        for messages in ([b"\x00" * 150_000], [wire.pack(open_msg), b"\x00" * 150_000]):  # first, or mid-session
+            with pytest.raises(grpc.RpcError) as err:
+                _session_call(address, messages)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"larger than max (150000 vs. {int(0.1 * 2**20)})" in err.value.details()
+        replies = _session_call(address, [wire.pack(open_msg), wire.pack({"op": "close"})])
+        assert replies[0]["ok"]["envs"] == 2 and replies[1] == {"ok": None}  # still serving
+
+
+def test_server_memory_stays_bounded_under_oversized_messages() -> None:
+    """Four concurrent 45 MB messages to a server limited to 24 MiB (within the old 2x + 1 MiB
+    gRPC limit): refused from their length, so the server's peak memory barely moves (~20 MB
+    here, against ~280 MB when they were buffered whole and then checked)."""
+    import threading
+
+    import grpc
+
+    def peak_kb(pid: int) -> int:
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        return int(status["VmHWM"].split()[0])
+
+    port = free_port()
+    payload = b"\x00" * (45 * 2**20)
+    codes: list = []
+
+    def send() -> None:
+        try:
+            _session_call(f"127.0.0.1:{port}", [payload])
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+
+    with server_process(port, "max_message_mb=24") as proc:
+        before = peak_kb(proc.pid)
+        senders = [threading.Thread(target=send) for _ in range(4)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        grown_mb = (peak_kb(proc.pid) - before) / 1024
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 4
+    assert grown_mb < 150, f"the server's peak memory grew by {grown_mb:.0f} MB"
+
+
+def test_streams_beyond_the_cap_are_refused() -> None:
+    """At most max_sessions + 8 streams and calls at once (each may hold up to max_message_mb):
+    one more is refused at once with RESOURCE_EXHAUSTED, and the server serves on after."""
+    import queue
+    import threading
+
+    import grpc
+
+    from rlinf_cli.remote.server import max_streams
+
+    server = EnvServer(CounterSim(), ServeConfig(port=0, max_sessions=1), "test")
+    opened = threading.Semaphore(0)
+
+    class Ids:  # the session handler takes an id as it starts: count the streams that reached it
+        n = 0
+
+        def __next__(self) -> int:
+            self.n += 1
+            opened.release()
+            return self.n
+
+    server._ids = Ids()
+    address = f"127.0.0.1:{server.start()}"
+    channel = grpc.insecure_channel(address)
+    idle: list = []
+    try:
+        cap = max_streams(server.cfg)
+        assert cap == 9
+        for _ in range(cap):  # streams that never send their first message hold their slot
+            idle.append(channel.stream_stream(wire.SESSION)(iter(queue.Queue().get, None)))
+        for _ in range(cap):
+            assert opened.acquire(timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary(wire.INFO)(wire.pack({"protocol": wire.PROTOCOL}), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+        for call in idle:
+            call.cancel()
+        deadline = time.monotonic() + 30
+        while True:  # the cancelled streams free their slots
+            try:
+                info = wire.unpack(channel.unary_unary(wire.INFO)(wire.pack({"protocol": wire.PROTOCOL}), timeout=30))
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert info["protocol"] == wire.PROTOCOL
+    finally:
+        for call in idle:
+            call.cancel()
+        channel.close()
+        server.stop(grace=0)
 
 
 def test_simulator_errors_travel_as_one_line() -> None:

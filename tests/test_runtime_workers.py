@@ -106,15 +106,15 @@ def test_pipelined_groups_match_a_synchronous_step() -> None:
         ref.close()
 
 
-def test_killed_worker_is_restarted_and_its_episodes_truncated() -> None:
+def test_killed_worker_is_restarted_and_its_episodes_truncated(capsys) -> None:
     sim = CounterSim(horizon=50)
     env = _executor("disaggregated", max_restarts=1).make_vec_env(sim, 4, True)
     try:
         env.reset([0, 1, 2, 3])
         before = env.step(np.ones(4, dtype=np.int64))
         os.kill(env.handles[1].proc.pid, signal.SIGKILL)
-        with pytest.warns(RuntimeWarning, match="restarted it"):
-            sb = env.step(np.ones(4, dtype=np.int64))
+        sb = env.step(np.ones(4, dtype=np.int64))
+        assert "env worker 1 (envs 2-3) died during step" in capsys.readouterr().err
         assert sb.truncated.tolist() == [False, False, True, True]  # worker 1 hosted envs 2-3
         assert sb.reward.tolist() == [1.0, 1.0, 0.0, 0.0]
         np.testing.assert_array_equal(sb.final_obs["state"][2:], before.obs["state"][2:])
@@ -125,6 +125,47 @@ def test_killed_worker_is_restarted_and_its_episodes_truncated() -> None:
         os.kill(env.handles[1].proc.pid, signal.SIGKILL)
         with pytest.raises(EnvWorkerError, match=r"env worker 1 \(envs 2-3\) died during step .*max_restarts=1"):
             env.step(np.ones(4, dtype=np.int64))
+    finally:
+        env.close()
+
+
+def test_restart_budget_is_per_worker(capsys) -> None:
+    """runtime.max_restarts counts per env worker (env batch): worker 0's restarts leave worker 1's
+    budget whole (issue 31: worker 1, restarted once, hit a limit of 3 shared with worker 0)."""
+    env = _executor("disaggregated", max_restarts=2).make_vec_env(CounterSim(horizon=50), 4, True)
+    try:
+        env.reset([0, 1, 2, 3])
+        for w in (0, 0, 1, 1):
+            os.kill(env.handles[w].proc.pid, signal.SIGKILL)
+            sb = env.step(np.ones(4, dtype=np.int64))
+            assert sb.truncated.tolist() == [w == 0] * 2 + [w == 1] * 2
+        assert env.restarts == [2, 2]
+        assert "restarting it (2/2 for this worker)" in capsys.readouterr().err
+        os.kill(env.handles[1].proc.pid, signal.SIGKILL)
+        with pytest.raises(EnvWorkerError, match=r"env worker 1 \(envs 2-3\) died during step .*restarted 2 time\(s\) "
+                                                 r"already \(runtime.max_restarts=2, per env worker\)"):
+            env.step(np.ones(4, dtype=np.int64))
+    finally:
+        env.close()
+
+
+def test_restart_warning_is_one_plain_line(capsys) -> None:
+    """A restart is said on one console line (`warning: ...` on stderr), not through Python's
+    `warnings` with a file path and a source line (issue 31)."""
+    import warnings
+
+    env = _executor("disaggregated", max_restarts=1).make_vec_env(CounterSim(horizon=50), 4, True)
+    try:
+        env.reset([0, 1, 2, 3])
+        capsys.readouterr()
+        os.kill(env.handles[0].proc.pid, signal.SIGKILL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any Python warning fails the test
+            env.step(np.ones(4, dtype=np.int64))
+        err = capsys.readouterr().err
+        assert err.startswith("warning: env worker 0 (envs 0-1) died during step (process ") and err.count("\n") == 1
+        assert err.endswith("restarting it (1/1 for this worker); its running episodes count as truncated\n")
+        assert ".py" not in err and "Warning" not in err
     finally:
         env.close()
 

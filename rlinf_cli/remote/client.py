@@ -5,11 +5,13 @@
 worker processes or Ray actors, with the same pipelining (hybrid mode), observation decoding and
 crash recovery. Faults map onto that policy:
 
-- the server answers that the session's worker died, the stream breaks (server killed,
-  network gone) or no reply comes within ``runtime.worker_timeout_s`` (server hung):
-  :class:`~rlinf_cli.runtime.workers.WorkerDied`. The vec env then calls :meth:`restart`,
-  which opens a new session (retrying for ``reconnect_s``); the interrupted episodes count as
-  truncated. If the server stays unreachable, the run stops with one clear error line.
+- the server answers that the session's worker died, or no reply comes within
+  ``runtime.worker_timeout_s`` (server hung): :class:`~rlinf_cli.runtime.workers.WorkerDied`;
+  the stream breaks (server killed or restarted, network gone):
+  :class:`~rlinf_cli.runtime.workers.ConnectionLost`, which does not use up
+  ``runtime.max_restarts``. The vec env then calls :meth:`restart`, which opens a new session
+  (retrying for ``reconnect_s``); the interrupted episodes count as truncated. If the server
+  stays unreachable, the run stops with one clear error line.
 - the token is refused, or the server is unreachable when the run starts: a
   :class:`~rlinf_cli.errors.UserError` (one line, exit code 2).
 """
@@ -29,7 +31,7 @@ from rlinf_cli.api import Obs
 from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder
-from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, last_line, start_all
+from rlinf_cli.runtime.workers import ConnectionLost, RemoteError, Reply, WorkerDied, last_line, start_all
 
 _END = object()
 
@@ -110,10 +112,14 @@ def server_info(ep: Endpoint) -> dict[str, Any]:
 
 
 class _Stream:
-    """One bidirectional gRPC stream: ``send`` messages, ``recv`` replies with a timeout."""
+    """One bidirectional gRPC stream: ``send`` messages, ``recv`` replies with a timeout.
 
-    def __init__(self, ep: Endpoint, method: str):
+    ``reconnect_s``: how long its owner retries a broken stream (said by :class:`ConnectionLost`).
+    """
+
+    def __init__(self, ep: Endpoint, method: str, reconnect_s: float = 0.0):
         self.ep = ep
+        self.reconnect_s = reconnect_s
         self._channel = ep.channel()
         self._out: queue.Queue = queue.Queue()
         self._in: queue.Queue = queue.Queue()
@@ -135,14 +141,15 @@ class _Stream:
         self._out.put(wire.pack(obj))
 
     def recv(self, timeout: float) -> Any:
-        """The next reply; raises :class:`WorkerDied` (stream over or silent) or :class:`UserError`."""
+        """The next reply; raises :class:`ConnectionLost` (stream over), :class:`WorkerDied`
+        (silent, or a malformed reply) or :class:`UserError`."""
         try:
             item = self._in.get(timeout=timeout)
         except queue.Empty:
             raise WorkerDied(f"no reply from {self.ep.address} in {timeout:g} s (runtime.worker_timeout_s)") from None
         if item is _END:
             self._in.put(_END)
-            raise WorkerDied(f"env server {self.ep.address} ended the session")
+            raise ConnectionLost(f"env server {self.ep.address} ended the session", self.ep.address, self.reconnect_s)
         if isinstance(item, Exception):
             self._in.put(item)
             known = _user_error(self.ep, item) if hasattr(item, "code") else None
@@ -150,7 +157,8 @@ class _Stream:
                 raise known
             code = item.code().name if hasattr(item, "code") else type(item).__name__
             details = item.details() if hasattr(item, "details") else str(item)
-            raise WorkerDied(f"lost env server {self.ep.address} ({code}: {details})")
+            raise ConnectionLost(f"lost env server {self.ep.address} ({code}: {details})", self.ep.address,
+                                 self.reconnect_s)
         try:
             return wire.unpack(item)
         except wire.WireError as exc:
@@ -184,7 +192,7 @@ class RemoteWorker:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Open a session (does not wait for its envs: see :meth:`wait_ready`)."""
-        self._stream = _Stream(self.ep, wire.SESSION)
+        self._stream = _Stream(self.ep, wire.SESSION, self.reconnect_s)
         self._stream.send(self._open_msg)
         self.generation += 1
         self._sent = 0
@@ -207,7 +215,7 @@ class RemoteWorker:
             except WorkerDied as exc:
                 self.kill()
                 if time.monotonic() >= deadline:
-                    raise WorkerDied(f"{exc}; no new session within {self.reconnect_s:g} s (sim.reconnect_s)") from None
+                    raise ConnectionLost(str(exc), self.ep.address, self.reconnect_s) from None
                 time.sleep(0.5)
 
     def kill(self) -> None:

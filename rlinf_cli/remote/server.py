@@ -13,8 +13,10 @@ server's own thread only checks messages and relays them.
 
 Security: the server binds 127.0.0.1 unless told otherwise, and refuses to bind anything else
 without a token. A token, when set, is checked on every stream and call (``hmac.compare_digest``).
-A message that is over the size limit, does not decode or breaks the protocol ends that
-session with a logged reason; it never reaches the simulator and never stops the server.
+A message over the size limit is refused by gRPC from its length, before it is buffered; one that
+does not decode or breaks the protocol ends that session with a logged reason; neither reaches
+the simulator nor stops the server. Streams and calls beyond :func:`max_streams` are refused, so
+what received messages can hold is bounded (docs/remote.md, "Memory").
 """
 
 from __future__ import annotations
@@ -71,6 +73,16 @@ class ServeConfig:
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 2**20)
+
+
+# streams and calls beyond the sessions: expert streams (one per client process and server) and
+# the short Info call each client makes when it starts
+EXTRA_STREAMS = 8
+
+
+def max_streams(cfg: ServeConfig) -> int:
+    """How many streams and calls the server holds at once; gRPC refuses more (RESOURCE_EXHAUSTED)."""
+    return cfg.max_sessions + EXTRA_STREAMS
 
 
 class ProtocolError(Exception):
@@ -232,15 +244,18 @@ class EnvServer:
         from concurrent import futures
 
         cfg = self.cfg
-        # gRPC's own limit sits above ours so that most oversized messages reach the handler,
-        # which logs their size; anything larger still breaks only that stream.
-        hard = 2 * cfg.max_message_bytes + 2**20
-        options = [("grpc.max_receive_message_length", hard), ("grpc.max_send_message_length", hard),
+        # Memory is bounded by refusing early. gRPC checks a message's length when its 5-byte header
+        # arrives and refuses one over max_message_mb (RESOURCE_EXHAUSTED) before buffering it;
+        # a handler that checked it would run only after gRPC had held the whole message, and
+        # Python a copy (four concurrent 120 MB messages: 66 -> 668 MB). And streams and calls
+        # beyond max_streams() are refused at once: see docs/remote.md for the bound.
+        options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+                   ("grpc.max_send_message_length", 2 * cfg.max_message_bytes + 2**20),
                    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
                    ("grpc.so_reuseport", 0), *wire.HTTP2_OPTIONS]
-        threads = 2 * cfg.max_sessions + 8  # sessions, expert streams and info calls
-        self._server = grpc.server(futures.ThreadPoolExecutor(threads, thread_name_prefix="rlinf-env"),
-                                   options=options, maximum_concurrent_rpcs=threads)
+        streams = max_streams(cfg)
+        self._server = grpc.server(futures.ThreadPoolExecutor(streams, thread_name_prefix="rlinf-env"),
+                                   options=options, maximum_concurrent_rpcs=streams)
         handlers = {
             "Info": grpc.unary_unary_rpc_method_handler(self._info),
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
@@ -290,13 +305,12 @@ class EnvServer:
             ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")
 
     def _checked(self, ctx: Any, who: str, raw: bytes, check: Any = None) -> Any:
-        """A received message, decoded and passed through ``check``; one that is over the size
-        limit, malformed or refused by ``check`` (:class:`ProtocolError`) ends the stream."""
+        """A received message, decoded and passed through ``check``; one that is malformed or
+        refused by ``check`` (:class:`ProtocolError`) ends the stream. (gRPC refused those over
+        the size limit before they got here.)"""
         import grpc
 
         try:
-            if len(raw) > self.cfg.max_message_bytes:
-                raise ProtocolError(f"message of {len(raw):,} bytes is over the {self.cfg.max_message_mb:g} MiB limit")
             try:
                 msg = wire.unpack(raw)
             except wire.WireError as exc:
@@ -374,9 +388,9 @@ class EnvServer:
                 yield wire.pack({"ok": reply})
         except grpc.RpcError:
             # The stream broke under us: the client went away, or gRPC refused a message over
-            # twice the size limit before it reached this handler.
-            log.warning("%s: stream ended abruptly (client gone, or a message over %g MiB)", who,
-                        2 * self.cfg.max_message_mb)
+            # the size limit (it never reached this handler).
+            log.warning("%s: stream ended abruptly (client gone, or a message over max_message_mb=%g refused)", who,
+                        self.cfg.max_message_mb)
         finally:
             if worker is not None:
                 try:

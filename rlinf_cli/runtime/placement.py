@@ -34,7 +34,7 @@ class RuntimeConfig:
     pipeline_stages: int = 2  # hybrid: groups the env batch is split into
     shared_memory: bool | str = "auto"  # local workers put observations in shared memory
     start_method: str = "forkserver"  # how local workers start: forkserver | spawn | fork
-    max_restarts: int = 3  # env-worker crashes recovered per VecEnv; 0 = fail on the first
+    max_restarts: int = 3  # crashes recovered per env worker (each has its own budget); 0 = fail on the first
     worker_timeout_s: float = 300.0  # a worker silent this long counts as crashed
     overlap_update: bool = False  # rl: next rollout collected during the update (read by the rl stage)
     obs_compression: str = "none"  # none | lz4 | zstd (from env.obs_compression)

@@ -26,13 +26,35 @@ from rlinf_cli.runtime.vector import SeededVecEnv, SyncVecEnv, alloc_obs  # noqa
 
 
 class EnvWorkerError(UserError):
-    """An env worker failed for good (its simulator raised, or it crashed too often)."""
+    """An env worker failed for good (its simulator raised, or it crashed too often).
+
+    ``server_lost``: the env server hosting it is gone; a training stage adds how to resume.
+    """
 
     exit_code = 3
+
+    def __init__(self, message: str, server_lost: bool = False):
+        super().__init__(message)
+        self.server_lost = server_lost
 
 
 class WorkerDied(Exception):
     """Transport-level loss of a worker: the process exited, the actor died, or it went silent."""
+
+
+class ConnectionLost(WorkerDied):
+    """The connection to the machine hosting a worker broke (an env server was killed or
+    restarted, the network dropped): the worker itself may be fine, and the host may come back.
+
+    ``address`` names the host; ``reconnect_s`` is how long its handle retries on ``restart``.
+    Such a loss does not count against ``runtime.max_restarts`` (the reconnect window bounds it),
+    unless the worker is lost again before it served a step.
+    """
+
+    def __init__(self, message: str, address: str, reconnect_s: float):
+        super().__init__(message)
+        self.address = address
+        self.reconnect_s = reconnect_s
 
 
 class RemoteError(Exception):
@@ -137,6 +159,15 @@ def start_all(make: Any, n: int) -> list[Any]:
             w.kill()
         raise
     return workers
+
+
+def warn(message: str) -> None:
+    """One plain ``warning: ...`` line on stderr, like the CLI's other notes; not :mod:`warnings`,
+    which would add a file path and a source line. ``sys.stderr`` is looked up at each call, so a
+    live progress bar that redirects it keeps the line above the bar."""
+    import sys
+
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def last_line(text: Any, default: str) -> str:
@@ -297,7 +328,11 @@ class WorkerVecEnv(SeededVecEnv):
         self.handles = handles
         self.shm = shm
         self.max_restarts = max_restarts
-        self.restarts = 0
+        # per worker (= per env batch): one crashing worker must not use up another's budget
+        self.restarts = [0] * len(handles)
+        # whether each worker served a step since it was (re)started: a lost connection is free
+        # only then, so a host that goes down again before serving anything cannot loop forever
+        self._served = [True] * len(handles)
         self.label = label
         self.num_groups = max(s.group for s in shards) + 1
         self.pipeline_groups = [(min(s.lo for s in shards if s.group == g), max(s.hi for s in shards if s.group == g))
@@ -431,61 +466,96 @@ class WorkerVecEnv(SeededVecEnv):
         s = self.shards[sid]
         handle = self.handles[s.worker]
         try:
-            return handle.result(ticket)
+            reply = handle.result(ticket)
         except RemoteError as exc:
             last = last_line(exc.args[0] if exc.args else "", "unknown error")
             raise EnvWorkerError(f"env worker {s.worker} (envs {s.lo}-{s.hi - 1}) failed in {what}: {last}") from exc
         except WorkerDied as exc:
-            return self._recover(s.worker, sid, what, str(exc))
+            return self._recover(s.worker, sid, what, exc)
+        if what == "step":
+            self._served[s.worker] = True
+        return reply
 
-    def _recover(self, w: int, sid: int, what: str, why: str) -> Reply:
+    def _recover(self, w: int, sid: int, what: str, lost: WorkerDied) -> Reply:
         """Restart worker ``w``. Interrupted episodes are reported truncated; its envs start anew."""
         mine = [i for i, s in enumerate(self.shards) if s.worker == w]
         envs = f"envs {self.shards[mine[0]].lo}-{self.shards[mine[-1]].hi - 1}"
-        if self.restarts >= self.max_restarts:
-            raise EnvWorkerError(
-                f"env worker {w} ({envs}) died during {what} ({why}); restarted {self.restarts} time(s) already "
-                f"(runtime.max_restarts={self.max_restarts}). Check the simulator (memory, crashes) or raise runtime.max_restarts")
-        self.restarts += 1
-        import warnings
-
-        warnings.warn(f"env worker {w} ({envs}) died during {what} ({why}); restarted it "
-                      f"({self.restarts}/{self.max_restarts}); its running episodes count as truncated",
-                      RuntimeWarning, stacklevel=3)
         handle = self.handles[w]
-        try:
-            handle.restart()
-        except Exception as exc:
-            raise EnvWorkerError(f"env worker {w} ({envs}) died during {what} ({why}) and could not be restarted: {exc}") from exc
+        # the observations the interrupted episodes end on (taken once: a retried restore overwrites them)
+        last = {i: {k: v[self.shards[i].lo:self.shards[i].hi].copy() for k, v in self._obs.items()} for i in mine}
+        replies: dict[int, Reply] = {}
+        during = what
+        while True:
+            self._restart(w, envs, during, lost)
+            try:
+                for i in mine:
+                    s = self.shards[i]
+                    self._decoders[i].reset()
+                    # a reset (or restore) is retried as asked; an interrupted episode counts as
+                    # ended (truncated) and its env starts the next episode of its seed stream
+                    args = self._restore_args(s, next_episode=what != "reset")
+                    replies[i] = handle.result(handle.submit("restore", self._local[i], *args))
+                    if not self.autoreset and what != "reset":
+                        handle.result(handle.submit("park", self._local[i]))
+                break
+            except WorkerDied as exc:  # lost again before it served a step: this one counts (see _restart)
+                lost, during = exc, "its restore after a restart"
+            except RemoteError as exc:
+                text = last_line(exc.args[0] if exc.args else "", "unknown error")
+                raise EnvWorkerError(f"env worker {w} ({envs}) failed again right after a restart: {text}") from exc
         result: Reply | None = None
         for i in mine:
             s = self.shards[i]
             n = s.hi - s.lo
-            self._decoders[i].reset()
-            # a reset (or restore) is retried as asked; an interrupted episode counts as ended
-            # (truncated) and its env starts the next episode of its seed stream
-            args = self._restore_args(s, next_episode=what != "reset")
-            last = {k: v[s.lo:s.hi].copy() for k, v in self._obs.items()}
-            try:
-                reply = handle.result(handle.submit("restore", self._local[i], *args))
-                if not self.autoreset and what != "reset":
-                    handle.result(handle.submit("park", self._local[i]))
-            except (WorkerDied, RemoteError) as exc:
-                raise EnvWorkerError(f"env worker {w} ({envs}) failed again right after a restart: {exc}") from exc
-            self._store_obs(i, reply)
+            self._store_obs(i, replies[i])
             if what == "reset":
                 self._reset_done.add(i)
                 if i == sid:
-                    result = reply
+                    result = replies[i]
                 continue
             if not self.autoreset:  # parked envs repeat their last observation until the next reset
-                for k, v in last.items():
+                for k, v in last[i].items():
                     self._obs[k][s.lo:s.hi] = v
             stats = {"runtime/worker_restarts": 1.0} if i == sid else {}
             fabricated = Reply({}, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), np.zeros(n, bool),
-                               last, stats)
+                               last[i], stats)
             if i != sid and self._pending.get(i) is not None:
                 self._pending[i] = None  # its reply was lost with the worker
             self._fabricated[i] = fabricated
         return result if result is not None else self._fabricated.pop(sid)
 
+    def _restart(self, w: int, envs: str, what: str, lost: WorkerDied) -> None:
+        """Replace worker ``w`` (lost during ``what``), within its restart budget; a lost
+        connection after the worker served a step is free (its handle's reconnect window bounds it)."""
+        why = str(lost)
+        free = isinstance(lost, ConnectionLost) and self._served[w]
+        if not free:
+            if self.restarts[w] >= self.max_restarts:
+                if isinstance(lost, ConnectionLost):
+                    raise EnvWorkerError(
+                        f"env worker {w} ({envs}): {why} during {what}, again before it served a step since its last "
+                        f"restart; restarted {self.restarts[w]} time(s) already (runtime.max_restarts={self.max_restarts}). "
+                        f"Check the log and memory of env server {lost.address}, restart `rlinf env serve` there, then "
+                        f"resume the run from its last checkpoint", server_lost=True)
+                raise EnvWorkerError(
+                    f"env worker {w} ({envs}) died during {what} ({why}); restarted {self.restarts[w]} time(s) already "
+                    f"(runtime.max_restarts={self.max_restarts}, per env worker). Check the simulator (memory, crashes) "
+                    f"or raise runtime.max_restarts")
+            self.restarts[w] += 1
+        if free:
+            warn(f"env worker {w} ({envs}): {why} during {what}; reconnecting for up to {lost.reconnect_s:g} s "
+                 f"(sim.reconnect_s); its running episodes count as truncated")
+        else:
+            warn(f"env worker {w} ({envs}) died during {what} ({why}); restarting it ({self.restarts[w]}/"
+                 f"{self.max_restarts} for this worker); its running episodes count as truncated")
+        self._served[w] = False
+        try:
+            self.handles[w].restart()
+        except ConnectionLost as exc:
+            raise EnvWorkerError(
+                f"env server {exc.address} was lost during {what} ({why}) and could not be reached again within "
+                f"sim.reconnect_s={exc.reconnect_s:g} s (last attempt: {exc}); env worker {w} ({envs}) cannot go on. "
+                f"Restart `rlinf env serve` on that host, then resume the run from its last checkpoint",
+                server_lost=True) from exc
+        except Exception as exc:
+            raise EnvWorkerError(f"env worker {w} ({envs}) died during {what} ({why}) and could not be restarted: {exc}") from exc

@@ -261,6 +261,7 @@ def restore_best(run: Run, resume_dir: Path) -> None:
 def train(run: Run, progress: Any) -> None:
     """The loop, with periodic evaluation and checkpoints; Ctrl-C says how to resume."""
     from rlinf_cli import checkpoint as ckpt
+    from rlinf_cli.runtime.workers import EnvWorkerError
 
     cfg, state = run.cfg, run.state
     interval, eval_every = max(1, int(cfg.checkpoint.interval)), int(cfg.eval.interval)
@@ -294,6 +295,14 @@ def train(run: Run, progress: Any) -> None:
         last = ckpt.latest(run.ctx.run_dir / "checkpoints")
         run.ctx.note(f"interrupted; resume with: rlinf rl resume={last}" if last else "interrupted before the first checkpoint")
         raise
+    except EnvWorkerError as exc:
+        if not exc.server_lost:
+            raise
+        # the error says to restart the env server and resume: name the command, on its one line
+        progress.close()
+        last = ckpt.latest(run.ctx.run_dir / "checkpoints")
+        raise EnvWorkerError(f"{exc}: rlinf rl resume={last}" if last else f"{exc} (none was written yet: start the run again)",
+                             server_lost=True) from exc
     finally:
         run.collector.close()
     progress.close()
