@@ -144,13 +144,24 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     from rich.console import Console
     from rich.table import Table
 
+    rows = [(s.kind, s.name + (" *" if s.default else ""), s.package, s.version, s.summary) for s in specs]
+    heads = ("kind", "name", "package", "version", "summary")
+    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
+    console = Console()
+    # one line a row: a summary wrapped in what is left of 80 columns took 5-10 lines a row. It gets
+    # the rest of the line and is cut there, or left out where too little is left to read
+    room = console.width - sum(widths[:-1]) - 3 * len(heads) - 1
+    shown = heads if room >= 20 else heads[:-1]
     table = Table(title="rlinf plugins")
-    for col in ("kind", "name", "package", "version", "summary"):
-        table.add_column(col)
-    for s in specs:
-        table.add_row(s.kind, s.name + (" *" if s.default else ""), s.package, s.version, s.summary)
-    Console().print(table)
-    Console().print("* default when none is chosen", style="dim")
+    for col in shown:
+        table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=room if col == "summary" else None)
+    for row in rows:
+        table.add_row(*row[:len(shown)])
+    console.print(table)
+    note = "" if widths[-1] <= room else "; summaries cut to the terminal's width" if len(shown) == len(heads) else \
+        "; no room for summaries at this width"
+    console.print(f"* default when none is chosen{note}" + (" (`rlinf plugins list --json` has them whole)" if note else ""),
+                  style="dim")
 
 
 @plugins_app.command("new")

@@ -94,7 +94,7 @@ def compose(stage: str, overrides: Iterable[str] = (), inherited: Iterable[str] 
         if group not in choices:
             choice = default_choice(stage, group)
             if choice is None:
-                raise UserError(f"no {GROUP_TO_KIND[group]} installed for '{group}'; install a plugin that provides one")
+                raise UserError(get_registry().missing_message(GROUP_TO_KIND[group], choices.get("sim")))
             choices[group] = choice
         elif choices[group] not in group_options(group):
             kind = GROUP_TO_KIND[group]

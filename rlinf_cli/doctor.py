@@ -13,7 +13,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from rlinf_cli import __version__
 from rlinf_cli.registry import get_registry
@@ -53,26 +55,74 @@ def accelerator_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def report() -> None:
-    console = Console()
-    reg = get_registry()
-    console.print(f"rlinf {__version__} on Python {platform.python_version()} ({platform.machine()})")
+def _short(text: str) -> str:
+    """A devices cell: ``"not detected (why)"`` -> ``"not detected"``, ``"error: TypeError: ..."`` ->
+    ``"error: TypeError"``; the whole text goes under the table."""
+    if text.startswith("error: "):
+        return ": ".join(text.split(": ", 2)[:2])
+    return text.split(" (", 1)[0]
+
+
+def _verified_cell(row: dict[str, Any]) -> str:
+    """A date and a count, or ``never``; the record itself goes under the table."""
+    runs = int(row.get("verified_runs", 0))
+    if not runs:
+        return "-" if not row["installed"] or row["verified"] == "?" else "never"
+    date = str(row["verified"]).split(",", 1)[0]
+    return date + (f" (+{runs - 1})" if runs > 1 else "")
+
+
+def accelerator_table(rows: list[dict[str, Any]]) -> Any:
+    """One short line (two at most on an 80-column terminal) per backend: which package, its
+    devices in a word or a count, collective and DeepSpeed names, when last verified. The whys and
+    the install commands are too long for cells: :func:`accelerator_details` prints them below."""
     table = Table(title="accelerators")
-    for col in ("backend", "package", "devices", "collective / DeepSpeed", "verified on real hardware", "to install"):
-        table.add_column(col)
-    for row in accelerator_rows():
-        text = escape(str(row["devices"]))
+    table.add_column("backend", no_wrap=True)
+    table.add_column("package", no_wrap=True)  # name, then version on a second line: a name is never cut
+    table.add_column("devices")
+    table.add_column("collective / DS")
+    table.add_column("verified", no_wrap=True)
+    for row in rows:
+        text = escape(_short(str(row["devices"])))
         if row["available"]:
             devices = f"[green]{text}"
         elif not row["installed"]:
-            devices = "[dim]-"
+            devices = "[dim]not installed"
         elif text.startswith("error"):
             devices = f"[red]{text}"
         else:
             devices = f"[yellow]{text}"
-        table.add_row(row["backend"], escape(row["package"]), devices, escape(row["collective"]),
-                      escape(row["verified"]), escape(row["install"] or "-"))
-    console.print(table)
+        package = escape(str(row["package"])).replace(" ", "\n", 1) if row["installed"] else "-"
+        table.add_row(row["backend"], package, devices,
+                      escape(row["collective"]), escape(_verified_cell(row)))
+    return table
+
+
+def accelerator_details(console: Console, rows: list[dict[str, Any]]) -> None:
+    """Under the table, per backend: why its devices are missing, what it was verified on, and the
+    command that installs what is missing, each whole (a command is never wrapped or cut)."""
+    for row in rows:
+        lines = []
+        if row["installed"] and not row["available"]:
+            lines.append(f"devices: {row['devices']}")
+        if row["installed"] and row["verified"] not in ("?", "-"):
+            lines.append(f"verified: {row['verified']}")
+        if not lines and not row.get("install"):
+            continue
+        console.print(f"[bold]{escape(row['backend'])}[/]" + ("" if row["installed"] else " (not installed)"))
+        for line in lines:
+            console.print(Padding(Text(line), (0, 0, 0, 2)))
+        if row.get("install"):
+            console.print(f"  install: {escape(row['install'])}", soft_wrap=True)
+
+
+def report(console: Console | None = None) -> None:
+    console = console or Console()
+    reg = get_registry()
+    console.print(f"rlinf {__version__} on Python {platform.python_version()} ({platform.machine()})")
+    rows = accelerator_rows()
+    console.print(accelerator_table(rows))
+    accelerator_details(console, rows)
     counts = {kind: len(reg.specs(kind)) for kind in ("simulator", "model", "algorithm", "executor")}
     console.print("plugins: " + ", ".join(f"{n} {k}s" for k, n in counts.items()) + " (rlinf plugins list)")
     for b in getattr(reg, "broken", []):  # installed entry points whose module failed to import

@@ -88,13 +88,16 @@ class Policy(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no target networks (off-policy interface)")
 
     def critic_parameters(self) -> list[nn.Parameter]:
-        """Parameters that only the value estimate uses (by default those under ``critic.``).
+        """Parameters that only the value estimate uses: a model with a critic returns its value
+        head's here. The default declares none.
 
-        A critic warm-up under a cloned actor updates these alone: a shared image encoder or task
-        embedding trained on the value loss would change the actor's features, and with them the
-        behaviour the warm-up exists to protect.
+        A critic warm-up under a cloned actor (``Algorithm.critic_only``: PPO after ``init=``)
+        updates these alone: a shared image encoder or task embedding trained on the value loss
+        would change the actor's features, and with them the behaviour the warm-up exists to
+        protect. Declared, not guessed from parameter names: a guess that matched nothing would
+        make the warm-up train nothing without a word; declaring none makes it refuse to start.
         """
-        return [p for name, p in self.named_parameters() if name.startswith("critic.")]
+        return []
 
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
         """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
@@ -129,6 +132,19 @@ class Policy(nn.Module):
         policy = cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]))
         load_weights(policy, Path(path), map_location)
         return policy
+
+
+def declared_critic(policy: Policy, algorithm: str) -> list[nn.Parameter]:
+    """The parameters a critic-only iteration of ``algorithm`` trains; one line if there are none."""
+    params = list(policy.critic_parameters())
+    if not params:
+        name = getattr(policy, "config", {}).get("name", type(policy).__name__)
+        raise UserError(
+            f"algorithm '{algorithm}' trains the critic alone in its first iterations (a warm-up after init=), but "
+            f"model '{name}' declares no critic parameters, so the warm-up would train nothing: return the value "
+            f"head's parameters from the model's critic_parameters() (docs/plugins.md), or switch the algorithm's "
+            f"warm-up off (`rlinf config show rl algo={algorithm}` lists its options)")
+    return params
 
 
 def _partial_views(state: Mapping[str, torch.Tensor]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,6 +21,10 @@ from rlinf_cli import hookspecs
 from rlinf_cli.errors import UserError
 
 ENTRY_POINT_GROUP = "rlinf"
+# The extra a simulator plugin lists the other plugins under that `rlinf rl` / `sft` need with it
+# (a model, an algorithm, an executor): `pip install 'rlinf-sim-x[train]'`. Read from the installed
+# metadata to say what to install, so the core never names a plugin itself.
+TRAIN_EXTRA = "train"
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,23 @@ class Registry:
         defaults = [s.name for s in self._specs[kind].values() if s.default]
         return sorted(defaults)[0] if defaults else None
 
+    def missing_message(self, kind: str, simulator: str | None = None) -> str:
+        """What to say when no installed plugin provides a ``kind`` (and none was chosen): the
+        package for it that the chosen simulator's ``train`` extra lists, else the naming convention."""
+        k = KINDS[kind]
+        head = f"no {kind} installed for '{k.group}'"
+        sim = self._specs["simulator"].get(simulator) if simulator else None
+        if sim is not None:
+            prefix = _normalize(k.package_hint.format(name="")).rstrip("-")  # rlinf-model, rlinf-algo, ...
+            listed = extra_requirements(sim.package)
+            providers = [p for p in listed if _normalize(p).startswith(prefix)]
+            if providers:
+                return (f"{head}: install one with `pip install {' '.join(providers)}` (listed by {sim.package}'s "
+                        f"'{TRAIN_EXTRA}' extra; `pip install '{sim.package}[{TRAIN_EXTRA}]'` installs all of "
+                        f"{', '.join(listed)})")
+        return (f"{head}; install a plugin package that provides one (named {k.package_hint.format(name='<name>')} "
+                f"by convention; `rlinf plugins list` shows what is installed)")
+
     def conf_dirs(self) -> list[Path]:
         dirs: list[Path] = []
         for spec in self.all_specs():
@@ -160,6 +182,29 @@ def unknown_name_message(kind: str, name: str, installed: list[str], broken: lis
         f"unknown {kind} '{name}'. Installed: {listing}.{hint} "
         f"If it lives in a plugin package, install it (for example `pip install {package}`)."
     )
+
+
+def extra_requirements(package: str, extra: str = TRAIN_EXTRA) -> list[str]:
+    """The distributions that ``package``'s ``extra`` pulls in, from its installed metadata
+    (``Requires-Dist: name...; extra == "train"``); none if it is not installed or has no such extra."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires(package) or []
+    except metadata.PackageNotFoundError:
+        return []
+    names = []
+    for req in requires:
+        spec, _, marker = req.partition(";")
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+        if name and re.search(rf"""\bextra\s*==\s*["']{re.escape(extra)}["']""", marker):
+            names.append(name.group(1))
+    return list(dict.fromkeys(names))
+
+
+def _normalize(name: str) -> str:
+    """A distribution name as the index compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _conf_dir_of(plugin: object) -> Path | None:

@@ -143,20 +143,42 @@ def test_a_vendor_runtime_with_no_device_is_not_available(fake_vendor):
     assert accel.install_hint() is None  # the runtime is there: nothing to install, the device is missing
 
 
+def doctor_rows(out: str) -> dict[str, str]:
+    """``rlinf doctor``'s table: backend -> its row's cells (the lines of a row joined)."""
+    from rich_tables import cells, table_rows
+
+    return {c[0]: " ".join(c) for c in map(cells, table_rows(out))}
+
+
+def doctor_details(out: str) -> dict[str, str]:
+    """What doctor prints under the table, per backend (a line with its name, then indented lines)."""
+    details: dict[str, str] = {}
+    name = None
+    for line in out.split("└", 1)[1].splitlines()[1:]:
+        if line.startswith("  ") and name:
+            details[name] += " " + line.strip()
+        else:
+            name = line.split(" ")[0] if line.split(" ")[0] in GPU_BACKENDS + ("cpu",) else None
+            if name:
+                details[name] = ""
+    return details
+
+
 def test_doctor_table_on_this_cpu_machine(cli_proc):
     res = cli_proc("doctor")
     assert res.code == 0 and "Traceback" not in res.out + res.err, res.err
-    rows = {line.split("│")[1].strip(): line for line in res.out.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    rows, details = doctor_rows(res.out), doctor_details(res.out)
     for name in GPU_BACKENDS:
-        assert "not detected" in rows[name] and "never on real" in rows[name], rows[name]
-        assert "pip install" in rows[name]
+        assert "not detected" in rows[name] and "never" in rows[name], rows[name]
+        assert "never on real hardware" in details[name] and "install: pip install" in details[name], details[name]
     assert f"{DISTRIBUTION} 0.1.0" in rows["cpu"] and "gloo" in rows["cpu"] and "2026-" in rows["cpu"]
+    assert "verified: 2026-" in details["cpu"] and "install" not in details["cpu"]
 
 
 def test_doctor_shows_devices_of_a_fake_vendor_extension(cli_proc):
     res = cli_proc("doctor", env={"PYTHONPATH": str(FAKES), "FAKE_DEVICES": "4"})
     assert res.code == 0, res.err
-    (row,) = [line for line in res.out.splitlines() if line.startswith("│ ascend")]
+    row = doctor_rows(res.out)["ascend"]
     assert "4 x Ascend910B-fake" in row and "hccl / npu" in row
 
 
@@ -203,12 +225,12 @@ def test_pip_install_and_uninstall_of_the_rocm_package_in_a_fresh_venv(tmp_path)
     doctor = subprocess.run([str(python), "-m", "rlinf_cli", "doctor"], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "COLUMNS": "200"})
     assert doctor.returncode == 0 and "Traceback" not in doctor.stderr
-    (row,) = [line for line in doctor.stdout.splitlines() if line.startswith("│ rocm")]
+    row = doctor_rows(doctor.stdout)["rocm"]
     assert "rlinf-accel-rocm 0.1.0" in row and "not detected" in row
 
     subprocess.run([*pip, "uninstall", "-y", "rlinf-accel-rocm"], check=True, capture_output=True, timeout=300)
     assert _accelerators(python) == {"cpu"}
     doctor = subprocess.run([str(python), "-m", "rlinf_cli", "doctor"], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "COLUMNS": "200"})
-    (row,) = [line for line in doctor.stdout.splitlines() if line.startswith("│ rocm")]
-    assert "not installed" in row and "pip install rlinf-accel-rocm" in row
+    assert "not installed" in doctor_rows(doctor.stdout)["rocm"]
+    assert "install: pip install rlinf-accel-rocm" in doctor_details(doctor.stdout)["rocm"]

@@ -185,9 +185,8 @@ def test_eval_table_reports_each_tasks_instruction(fake, cli, monkeypatch):
     res = cli("eval", "sim=libero", "sim.suite=spatial", "sim.tasks=[0,3]", "sim.image_size=8", "checkpoint=random",
               "episodes=4", "num_envs=2", "sim.max_episode_steps=5", "tracking.enabled=false", "progress=false")
     assert res.code == 0, res.err
-    for task in (0, 3):
-        line = next(l for l in res.out.splitlines() if f"do_thing_{task}_of_libero_spatial" in l)
-        assert f"do thing {task} of libero_spatial" in line  # the instruction, on its task's row
+    for task in (0, 3):  # the instruction under the table, beside its task's row label
+        assert f"random · do_thing_{task}_of_libero_spatial: do thing {task} of libero_spatial" in res.out, res.out
     per_task = res.json_tail()["per_task"]
     assert set(per_task) == {"do_thing_0_of_libero_spatial", "do_thing_3_of_libero_spatial"}
 

@@ -254,8 +254,10 @@ def packages_page() -> str:
         provides = ", ".join(f"{kind} `{name}`" for kind, name in comps.get(pkg.name.lower(), [])) or \
             ("the `rlinf` command" if pkg.is_core else "(not installed in this docs build)")
         rows.append(f"| `{pkg.name}` | {pkg.version} | {_cell(desc)} | {provides} | `{where}` | {link} |")
-    return (GENERATED_NOTE + "# Packages\n\nEvery package of the repository, installable by name "
-            "(`pip install <package>`; each plugin pulls the core, `rlinf-cli`, with a version range). "
+    return (GENERATED_NOTE + "# Packages\n\nEvery package of the repository. None is on the package index "
+            "yet: install them from the wheels `make dist` builds (`pip install --find-links dist/ <package>`); "
+            "after the first upload, by name (`pip install <package>`). Each plugin pulls the core, `rlinf-cli`, "
+            "with a version range. "
             "Generated from the packages found by `tools/release.py` and what they register.\n\n"
             "| package | version | summary | provides | directory | page |\n|---|---|---|---|---|---|\n"
             + "\n".join(rows) + "\n")
@@ -263,7 +265,12 @@ def packages_page() -> str:
 
 def package_page(pkg: Any) -> str:
     readme = (pkg.path / "README.md").read_text()
-    return GENERATED_NOTE + readme + f"\n\n*Version {pkg.version}; source: `{pkg.path.relative_to(REPO).as_posix()}`.*\n"
+    # the README is the package's index page, written for after the upload; the site is read before it
+    note = (f"!!! note \"Not on the package index yet\"\n    Until the first upload, `pip install {pkg.name}` "
+            f"finds nothing: install from the wheels `make dist` builds, `pip install --find-links dist/ {pkg.name}` "
+            f"([release.md](../release.md)).\n\n")
+    title, sep, rest = readme.partition("\n")
+    return GENERATED_NOTE + title + sep + "\n" + note + rest + f"\n\n*Version {pkg.version}; source: `{pkg.path.relative_to(REPO).as_posix()}`.*\n"
 
 
 def readme_as_index(readme: str) -> str:

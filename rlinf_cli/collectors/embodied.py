@@ -153,28 +153,20 @@ def task_mean(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def pct(summary: dict[str, float], key: str) -> str:
-    return f"{summary[key]:.0%}" if key in summary else "n/a"
-
-
 def eval_table(rows: dict[str, dict[str, float]], title: str, instructions: dict[str, str] | None = None) -> Any:
-    """A rich table: one row per policy/label with the summary numbers; with ``instructions``
-    (row label -> text), a column with what the policy was told on that row's episodes."""
+    """A rich table: one row per policy/label with the summary numbers; under it the legend and,
+    with ``instructions`` (row label -> text), what the policy was told on that row's episodes."""
     from rich.table import Table
 
+    from rlinf_cli.tables import RESULT_HEADERS, RESULT_LEGEND, instruction_notes, result_cells, with_notes
+
     table = Table(title=title)
-    cols = ("policy", *(("instruction",) if instructions else ()), "episodes", "return (mean ± std)",
-            "success_once", "success_at_end", "length")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("policy", "instruction") else "right")
+    table.add_column("policy")
+    for col in RESULT_HEADERS:
+        table.add_column(col, justify="right")
     for label, s in rows.items():
-        told = (instructions.get(label, ""),) if instructions else ()
-        if not s:
-            table.add_row(label, *told, "-", "-", "-", "-", "-")
-            continue
-        table.add_row(label, *told, f"{int(s['episodes'])}", f"{s['return_mean']:.1f} ± {s['return_std']:.1f}",
-                      pct(s, "success_once"), pct(s, "success_at_end"), f"{s['length_mean']:.1f}")
-    return table
+        table.add_row(label, *result_cells(s))
+    return with_notes(table, [RESULT_LEGEND, *(instruction_notes(instructions) if instructions else [])])
 
 
 def instructions_by_row(episodes: Sequence[EpisodeStats], rows: dict[str, Any], label: str,

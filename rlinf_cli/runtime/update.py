@@ -18,6 +18,7 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm
 from rlinf_cli.experience import Experience
+from rlinf_cli.policy import declared_critic
 
 
 class _Sums:
@@ -75,7 +76,7 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
         return update_transitions(engine, algo, exp, collector, generator)
     policy = engine.module
     adv, ret = algo.advantages(exp)
-    critic = {id(p) for p in policy.critic_parameters()} if critic_only else set()
+    critic = {id(p) for p in declared_critic(policy, algo.name)} if critic_only else set()
     frozen = [p for p in engine.params if id(p) not in critic] if critic_only else []
     run = _Sums()
     samples = epochs_run = 0

@@ -72,18 +72,18 @@ def _check(routed: dict[str, list[str]]) -> Any:
 def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[str, float]) -> Any:
     from rich.table import Table
 
-    from rlinf_cli.collectors.embodied import pct
+    from rlinf_cli.tables import RESULT_HEADERS, RESULT_LEGEND, result_cells, with_notes
 
     table = Table(title=title)
-    for col in ("policy", "return (mean ± std)", "success_once", "success_at_end", "length", "stage time"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table.add_column("policy")
+    for col in (*RESULT_HEADERS, "time"):
+        table.add_column(col, justify="right")
     stage_time = {"random": None, "expert": timings.get("expert"), "sft": timings["collect"] + timings["sft"],
                   "sft + rl": timings["rl"]}
     for label, s in summaries.items():
         t = stage_time[label]
-        table.add_row(label, f"{s['return_mean']:.1f} ± {s['return_std']:.1f}", pct(s, "success_once"),
-                      pct(s, "success_at_end"), f"{s['length_mean']:.0f}", "-" if t is None else f"{t:.0f} s")
-    return table
+        table.add_row(label, *result_cells(s), "-" if t is None else f"{t:.0f} s")
+    return with_notes(table, [RESULT_LEGEND + "; time: the stages that made the policy"])
 
 
 def run(args: list[str]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ def setup(cfg: Any) -> Run:
     import torch
 
     from rlinf_cli import collectors
+    from rlinf_cli.policy import declared_critic
     from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
 
     check_best(cfg)
@@ -125,6 +126,8 @@ def setup(cfg: Any) -> Run:
         ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']}")
         if run.state.get("best") is not None:
             restore_best(run, resume_dir)
+    if algo.critic_only(int(run.state["iteration"]), bool(cfg.init)):
+        declared_critic(policy, algo.name)  # a warm-up with nothing to train: refused before the first rollout
     return run
 
 

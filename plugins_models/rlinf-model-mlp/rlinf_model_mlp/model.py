@@ -175,6 +175,10 @@ class MLPPolicy(Policy):
     def observation_keys(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._keys, *([TASK_KEY] if self._embed_task else [])]))
 
+    def critic_parameters(self) -> list[nn.Parameter]:
+        # the value MLP alone: the CNN encoders and the task embedding feed the actor too
+        return list(self.critic.parameters()) if self.has_critic else []
+
     def _run(self, layers: list[nn.Linear], x: torch.Tensor, detach: bool = False) -> torch.Tensor:
         """``nn.Sequential`` forward of an :func:`mlp` without per-module call overhead;
         ``detach``: through detached weights (gradients reach the input, not the layers).
