@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from rlinf_cli import __version__
-from rlinf_cli.errors import Interrupted, UserError, error_line
+from rlinf_cli.errors import Interrupted, UserError, error_line, one_line
 
 app = typer.Typer(
     name="rlinf",
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     previous = _stop_on_signals()
     try:
         code = app(args=argv, standalone_mode=False)
-        if _STOPS:  # typer turns KeyboardInterrupt into exit code 130: the stop itself is kept here
+        if _STOPS and code == 130:  # typer turns KeyboardInterrupt into exit code 130: the stop itself is kept here
             _stopped(_STOPS[0])
     except UserError as exc:
         _fail(str(exc))
@@ -319,7 +319,8 @@ def _stopped(exc: BaseException) -> None:
     signum = getattr(cause, "signum", signal.SIGINT)
     saved = getattr(cause, "saved", "")
     name = signal.Signals(signum).name
-    print(error_line(f"stopped by {name}" + (f": {saved}" if saved else "")), file=sys.stderr)
+    # not cut like an error line: the resume command in it must stay whole
+    print(one_line(f"stopped by {name}" + (f": {saved}" if saved else "")), file=sys.stderr)
     sys.exit(128 + signum)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 # A word of an error line longer than this is a value echoed back (a 100 KB override): it is
 # cut to its first SHOWN_CHARS characters, so the line stays one that a terminal can show.
-LONG_WORD = 200
+LONG_WORD = 300
 SHOWN_CHARS = 60
 
 

@@ -55,8 +55,15 @@ def _relay(stream: Any, pgid: int, seen: dict[str, bool]) -> None:
     """Copy the server's stderr to ours; a server that finds its port taken (by a process that bound
     it after our check) is ended at once instead of restarting its workers forever."""
     for raw in iter(stream.readline, b""):
-        sys.stderr.buffer.write(raw)
-        sys.stderr.flush()
+        try:  # never stop draining the pipe (a server blocked on a full pipe would hang)
+            out = getattr(sys.stderr, "buffer", None)
+            if out is not None:
+                out.write(raw)
+            else:
+                sys.stderr.write(raw.decode(errors="replace"))
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
         if b"address already in use" in raw.lower() and not seen["port_in_use"]:
             seen["port_in_use"] = True
             _signal_group(pgid, signal.SIGTERM)

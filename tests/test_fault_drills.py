@@ -154,6 +154,7 @@ def test_the_cli_cuts_any_over_long_word_of_an_error_line():
     from rlinf_cli.errors import error_line
 
     assert error_line(f"bad thing {'x' * 5000} here") == f"bad thing {'x' * 60}... (5,000 characters) here"
+    assert error_line(f"in {'/d' * 100}: gone") == f"in {'/d' * 100}: gone"  # a long path stays whole
 
 
 def test_a_duration_takes_a_fraction_of_a_second(cli):
