@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -107,7 +106,8 @@ def test_a_second_ui_on_the_same_port_says_so_and_exits(workdir, store):
     port = _free_port()
     first = subprocess.Popen([RLINF, "ui", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(0.3)  # neither has bound the port yet: MLflow's server takes seconds to start
+        # the first has checked the port and is starting its server, which binds it seconds later
+        assert first.stdout.readline().startswith(b"MLflow UI for ")
         second = subprocess.run([RLINF, "ui", "--port", str(port)], capture_output=True, text=True, timeout=120)
         from tests.conftest import Result
 

@@ -146,11 +146,11 @@ def iterate(run: Run) -> dict[str, float]:
 
 
 def checkpoint(run: Run, name: str) -> Path:
+    from rlinf_cli import checkpoint as ckpt
+
     # MLflow gets every point logged so far first: a run killed after this checkpoint has sent
     # all the points up to it, as metrics.jsonl has (docs/runtime.md, tracking after a kill)
     run.tracker.flush()
-    from rlinf_cli import checkpoint as ckpt
-
     try:
         return common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
                                       {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.collector,
