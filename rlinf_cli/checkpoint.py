@@ -16,7 +16,8 @@ Layout of a checkpoint directory::
                                       loads the checkpoint uses them
 
 A checkpoint is written to a temporary directory and renamed into place, so a run killed
-while saving leaves the previous checkpoint intact.
+while saving leaves the previous checkpoint intact. A write that fails (a full disk) removes
+the temporary directory and raises :class:`CheckpointWriteError`, one line for the user.
 """
 
 from __future__ import annotations
@@ -37,6 +38,44 @@ STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.safetensors"
 ENV_FILE = "env_state.safetensors"
 CONFIG_YAML = "rlinf.yaml"
+
+
+class CheckpointWriteError(UserError):
+    """Writing a checkpoint failed (disk full, file-size limit, I/O error); nothing of it was kept."""
+
+    def __init__(self, path: Path, exc: BaseException):
+        self.path = path
+        text = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        why = " ".join((text.strip().splitlines() or [type(exc).__name__])[0].split())[:200]
+        hint = " (the disk is full or a file-size limit was hit?)" if _full_disk(exc) else ""
+        super().__init__(f"cannot write checkpoint {path}: {why}{hint}; nothing of it was kept and the checkpoints "
+                         f"written before are intact")
+
+
+_STORAGE_WORDS = ("no space", "unexpected pos", "file write failed", "ioerror", "i/o error", "disk quota",
+                  "file too large", "streamwriter")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and exc not in out and len(out) < 10:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _storage_failure(exc: BaseException) -> bool:
+    """An error of the storage, not of rlinf: an OSError anywhere in the chain, or the words
+    torch's and safetensors' writers wrap one in (torch: "unexpected pos" on a full disk)."""
+    return any(isinstance(e, OSError) or any(w in str(e).lower() for w in _STORAGE_WORDS) for e in _causes(exc))
+
+
+def _full_disk(exc: BaseException) -> bool:
+    import errno
+
+    full = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return any(isinstance(e, OSError) and e.errno in full or any(w in str(e).lower() for w in
+               ("no space", "unexpected pos", "disk quota", "file too large", "storagefull")) for e in _causes(exc))
 
 
 def atomic_dir(final: Path) -> Path:
@@ -74,19 +113,36 @@ def save(
     shards). ``rank_states[r]``: arrays rank r needs to continue exactly (its collector state,
     and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``. ``write_files(dir)``:
     rank 0 writes further files into the checkpoint (the collector's normalization statistics)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        if rank == 0:
+            atomic_dir(path)
+        _write(tmp, policy, cfg_yaml, engine, state, generator, rank_states, rank, write_files)
+        if rank == 0:
+            commit_dir(tmp, path)
+    except BaseException as exc:  # a full disk, or a stop (SIGINT/SIGTERM) while writing: no half checkpoint stays
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, UserError) and _storage_failure(exc):
+            raise CheckpointWriteError(path, exc) from exc
+        raise
+    return path
+
+
+def _write(tmp: Path, policy: Policy, cfg_yaml: str, engine: Any, state: dict[str, Any] | None,
+           generator: torch.Generator | None, rank_states: list[dict[str, Any]] | None, rank: int,
+           write_files: Any) -> None:
+    """The checkpoint's files, into ``tmp``."""
     from safetensors.torch import save_file
 
     from rlinf_cli.runtime.engine import barrier
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    if rank == 0:
-        atomic_dir(path)
     if engine is not None and state is not None:
         barrier()
         engine.save(tmp)
         barrier()
     if rank != 0:
-        return path
+        return
     policy.save_pretrained(tmp)
     (tmp / CONFIG_YAML).write_text(cfg_yaml)
     if write_files is not None:
@@ -98,8 +154,6 @@ def save(
         flat = {f"rank{r}.{k}": torch.as_tensor(np.ascontiguousarray(v)) for r, rs in enumerate(rank_states)
                 for k, v in rs.items()}
         save_file(flat, str(tmp / ENV_FILE))
-    commit_dir(tmp, path)
-    return path
 
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from rlinf_cli import __version__
-from rlinf_cli.errors import UserError, one_line
+from rlinf_cli.errors import Interrupted, UserError, error_line, one_line
 
 app = typer.Typer(
     name="rlinf",
@@ -271,25 +271,72 @@ def _usage_error() -> type[Exception]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: bad input -> one line on stderr and exit code 2."""
+    """Console entry point: bad input -> one line on stderr and exit code 2; SIGINT and SIGTERM
+    -> one line saying what stopped and what was saved, exit code 130 / 143."""
+    import signal
+
     usage_error = _usage_error()
+    _STOPS.clear()
+    previous = _stop_on_signals()
     try:
         code = app(args=argv, standalone_mode=False)
+        if _STOPS and code == 130:  # typer turns KeyboardInterrupt into exit code 130: the stop itself is kept here
+            _stopped(_STOPS[0])
     except UserError as exc:
         _fail(str(exc))
     except usage_error as exc:
         ctx = getattr(exc, "ctx", None)
         _fail(exc.format_message() + (f" (see `rlinf {ctx.command_path.split(' ', 1)[-1]} --help`)" if ctx else ""))
-    except typer.Abort:  # click's Abort under older typer
-        sys.exit(130)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt) as exc:  # click turns KeyboardInterrupt into Abort
+        _stopped(exc)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     sys.exit(code if isinstance(code, int) else 0)
 
 
+_STOPS: list[Interrupted] = []  # the stops of this command, first first (stages note on it what they saved)
+
+
+def _stop_on_signals() -> dict[int, Any]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread: every stage then stops
+    the same way for both (its cleanup runs, MLflow records the run as KILLED). A signal the
+    process was started with ignored (a background job, nohup) stays ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, _frame: Any) -> None:
+        exc = Interrupted(signum)
+        _STOPS.append(exc)
+        raise exc
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if current in (signal.default_int_handler, signal.SIG_DFL):
+            previous[sig] = signal.signal(sig, stop)
+    return previous
+
+
+def _stopped(exc: BaseException) -> None:
+    import signal
+
+    if _STOPS:
+        exc = _STOPS[0]
+    cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
+    signum = getattr(cause, "signum", signal.SIGINT)
+    saved = getattr(cause, "saved", "")
+    name = signal.Signals(signum).name
+    # not cut like an error line: the resume command in it must stay whole
+    print(one_line(f"stopped by {name}" + (f": {saved}" if saved else "")), file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 def _fail(message: str) -> None:
-    print(f"error: {one_line(message)}", file=sys.stderr)
+    print(f"error: {error_line(message)}", file=sys.stderr)
     sys.exit(2)

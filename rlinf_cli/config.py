@@ -12,7 +12,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Iterable
 
-from rlinf_cli.errors import UserError, one_line
+from rlinf_cli.errors import UserError, one_line, shown
 from rlinf_cli.registry import GROUP_TO_KIND, get_registry, unknown_name_message
 
 CORE_CONF = Path(__file__).resolve().parent / "conf"
@@ -191,18 +191,22 @@ def _checked(base: Any, ov: Any) -> str:
         keys = _flat_keys(OmegaConf.to_container(base, resolve=False))
         close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
         hint = f" Did you mean '{close[0]}'?" if close else " See `rlinf config show` for the keys."
-        raise UserError(f"unknown config key '{key}'.{hint} (To add a new key on purpose, write +{key}=...)")
+        add = f"+{key}=..." if len(key) <= 80 else "+KEY=..."
+        raise UserError(f"unknown config key {shown(key)}.{hint} (To add a new key on purpose, write {add})")
     new = ov.value()
     if old is None or new is None or OmegaConf.is_config(old) and not isinstance(new, (dict, list)):
         return text
     if OmegaConf.is_config(old):
         old = OmegaConf.to_container(old, resolve=False)
-    if isinstance(old, int) and not isinstance(old, bool) and isinstance(new, float) and new.is_integer():
-        return f"{key}={int(new)}"
+    if isinstance(old, int) and not isinstance(old, bool) and isinstance(new, float):
+        if new.is_integer():
+            return f"{key}={int(new)}"
+        if key.endswith("_s"):  # seconds: a default written as a whole number (flush_s: 5) takes 0.5 as well
+            return text
     for kind, expected, accepts in _TYPES:
         if isinstance(old, kind):
             if not isinstance(new, accepts) or isinstance(new, bool) and kind is not bool:
-                raise UserError(f"bad value for '{key}': expected {expected}, got {new!r} (default is {old!r})")
+                raise UserError(f"bad value for '{key}': expected {expected}, got {shown(new)} (default is {shown(old)})")
             break
     return text
 

@@ -59,6 +59,40 @@ def _read_pid(fd: int) -> str:
         return ""
 
 
+def abandoned(path: Path) -> bool:
+    """Whether ``path`` is a lock file that names a holder no longer holding it (a process that
+    was killed, so it never cleaned up what the lock guarded). False when a live process holds
+    it, or when the file is missing or names nobody: only what is surely abandoned is said to be.
+
+    The pid written into the file answers first, without touching the lock; a pid that is not
+    alive here may be one in another container sharing the directory, so the lock itself
+    confirms (taken shared and dropped at once)."""
+    try:
+        pid = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+        return False  # alive (or the pid was reused: then it is left alone, the safe side)
+    except PermissionError:
+        return False
+    except ProcessLookupError:
+        pass
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock
+    return True
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold ``path``'s lock for a block (waits for other holders)."""

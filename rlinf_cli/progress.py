@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
+
+# Start-up work that runs longer than this says what it is doing (envs being made, restored).
+SLOW_S = 2.0
 
 
 class Progress:
@@ -51,3 +56,31 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def under_way(console: Any, what: str, enabled: bool = True) -> Iterator[None]:
+    """Say ``what`` is under way when it takes longer than :data:`SLOW_S` (making 100,000 envs
+    takes minutes, and no progress line comes until the first iteration ends): one line, printed
+    above a live progress bar on a terminal (which shows the time elapsed). Quick work prints
+    nothing."""
+    if not enabled or console.quiet:
+        yield
+        return
+    done = threading.Event()
+
+    def say() -> None:
+        if not done.wait(SLOW_S):
+            console.print(f"{what} ...", highlight=False)
+
+    if SLOW_S <= 0:  # no waiting: said before the work (and no thread that could race the work's end)
+        say()
+        yield
+        return
+    timer = threading.Thread(target=say, daemon=True)
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.join()

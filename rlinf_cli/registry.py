@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pluggy
 
 from rlinf_cli import hookspecs
-from rlinf_cli.errors import UserError
+from rlinf_cli.errors import UserError, shown
 
 ENTRY_POINT_GROUP = "rlinf"
 # The extra a simulator plugin lists the other plugins under that `rlinf rl` / `sft` need with it
@@ -167,10 +167,13 @@ def unknown_name_message(kind: str, name: str, installed: list[str], broken: lis
     """What to say when ``name`` is not registered: the names that are, a near match, and either
     the installed plugin package that failed to import (likely the one meant) or what to install."""
     k = KINDS[kind]
+    listing = ", ".join(installed) if installed else "none"
+    if _looks_like_path(name):  # a file of settings given where an option's name goes: no package has that name
+        return (f"{k.group}= takes the name of a {kind}, not a file: {shown(name)} looks like a path. Installed "
+                f"{kind}s: {listing}. Pick one and set its keys with overrides ({k.group}.KEY=VALUE)")
     close = difflib.get_close_matches(name, installed, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     package = k.package_hint.format(name=name)
-    listing = ", ".join(installed) if installed else "none"
     suspects = [b for b in broken if name.lower() in (b.package + " " + b.entry_point).lower().replace("_", "-")
                 or name.lower() in (b.package + " " + b.entry_point).lower()] or list(broken)
     if suspects:
@@ -178,12 +181,15 @@ def unknown_name_message(kind: str, name: str, installed: list[str], broken: lis
         return (f"{kind} '{name}' is not available: plugin package {b.package} {b.version} is installed but broken, "
                 f"its entry point '{b.entry_point}' failed to import ({b.error}). Fix that import (a missing "
                 f"dependency?) or reinstall it with `pip install -U {b.package}`. Working {kind}s: {listing}.")
+    if not _PACKAGE_NAME.match(package):
+        return f"unknown {kind} {shown(name)}. Installed: {listing}.{hint}"
     return (
         f"unknown {kind} '{name}'. Installed: {listing}.{hint} "
         f"If it lives in a plugin package, install it (for example `pip install {package}`)."
     )
 
 
+<<<<<<< HEAD
 def extra_requirements(package: str, extra: str = TRAIN_EXTRA) -> list[str]:
     """The distributions that ``package``'s ``extra`` pulls in, from its installed metadata
     (``Requires-Dist: name...; extra == "train"``); none if it is not installed or has no such extra."""
@@ -205,6 +211,15 @@ def extra_requirements(package: str, extra: str = TRAIN_EXTRA) -> list[str]:
 def _normalize(name: str) -> str:
     """A distribution name as the index compares it (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+=======
+# what pip takes as a distribution name (PEP 508), and how long a name can sensibly be
+_PACKAGE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
+
+
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or "\\" in name or name.startswith((".", "~")) or \
+        name.lower().endswith((".yaml", ".yml", ".json", ".toml", ".py"))
+>>>>>>> i31-faults
 
 
 def _conf_dir_of(plugin: object) -> Path | None:

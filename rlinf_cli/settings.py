@@ -8,7 +8,7 @@ import types
 import typing
 from typing import Any, Mapping, TypeVar
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.errors import UserError, shown
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except UserError:
                 continue
-        raise UserError(f"bad value for '{key}': {value!r} does not fit {hint}")
+        raise UserError(f"bad value for '{key}': {shown(value)} does not fit {hint}")
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -81,7 +81,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return value
     else:
         return value
-    raise UserError(f"bad value for '{key}': expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    raise UserError(f"bad value for '{key}': expected {getattr(hint, '__name__', hint)}, got {shown(value)}")
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import subprocess
 import time
@@ -79,6 +80,8 @@ class Tracker:
             # started together take turns here. Later writes are single transactions.
             with locked(db.with_name(f".{db.name}.lock")) if db is not None else contextlib.nullcontext():
                 client = _new_client(uri, db)
+                if db is not None:  # an embedded store: its runs' directories are on this machine
+                    self.notes.extend(_end_abandoned_runs(client))
                 if resume_run_id is not None and self._resume(client, resume_run_id):
                     return
                 exp_id = _experiment_id(client, cfg, runs_dir)
@@ -205,6 +208,34 @@ class Tracker:
                 raise
 
 
+def _end_abandoned_runs(client: Any) -> list[str]:
+    """Mark KILLED the runs a process left RUNNING when it was killed (kill -9, an out-of-memory
+    kill, a machine that went down): a run whose directory's lock no process holds any more.
+    Called when a run starts in the same store; returns a note per run marked."""
+    from mlflow.entities import ViewType
+
+    from rlinf_cli.locks import abandoned
+
+    try:
+        ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+        runs = client.search_runs(ids, "attributes.status = 'RUNNING'", max_results=1000) if ids else []
+    except Exception:  # only housekeeping: never a reason to refuse the new run
+        return []
+    notes = []
+    for run in runs:
+        run_dir = run.data.tags.get("rlinf.run_dir")
+        if not run_dir or not abandoned(Path(run_dir) / ".lock"):
+            continue
+        metrics = Path(run_dir) / "metrics.jsonl"  # its last write is when the run last did anything
+        end = max(int(metrics.stat().st_mtime * 1000), run.info.start_time or 0) if metrics.exists() else None
+        client.set_tag(run.info.run_id, "rlinf.ended", "marked KILLED by a later run: its process ended without "
+                                                     "closing it (kill -9?)")
+        client.set_terminated(run.info.run_id, status="KILLED", end_time=end)
+        notes.append(f"tracking: marked KILLED the MLflow run {run.info.run_id} that a process left RUNNING when it "
+                     f"died (kill -9?)")
+    return notes
+
+
 def _log_params(client: Any, run_id: str, params: Mapping[str, str]) -> None:
     from mlflow.entities import Param
 
@@ -267,8 +298,6 @@ def _new_client(uri: str, db: Path | None) -> Any:
         return MlflowClient(tracking_uri=uri)
     template = _template_path()
     if template is not None and _is_empty_store(template):
-        import os
-
         tmp = db.with_name(f".{db.name}.{os.getpid()}.new")
         try:  # copied aside and renamed: a failed copy (a full disk) never leaves a broken store behind
             shutil.copyfile(template, tmp)
@@ -283,15 +312,46 @@ def _new_client(uri: str, db: Path | None) -> Any:
             template.unlink(missing_ok=True)
             db.unlink(missing_ok=True)
             raise
-    client = MlflowClient(tracking_uri=uri)
-    if template is not None:
-        _save_template(db, template)
-    return client
+    # No cached copy: MLflow's migrations build the store beside its final name, and only a whole
+    # store is renamed into place. Built in place, a failure half-way (a full disk) left a file
+    # every later run tripped over ("table ... already exists") until someone moved it aside.
+    fresh = _build_store_aside(db)
+    try:
+        if template is not None:
+            _save_template(fresh, template)
+        os.replace(fresh, db)
+    finally:
+        _remove_sqlite(fresh)
+    return MlflowClient(tracking_uri=uri)  # MLflow checks the schema version and adds the default experiment
+
+
+def _build_store_aside(db: Path) -> Path:
+    """A new, empty store (MLflow's whole migration history) in a file beside ``db`` that no other
+    process opens; on any failure nothing of it is left."""
+    import sqlalchemy
+
+    from mlflow.store.db.utils import _initialize_tables
+
+    fresh = db.with_name(f".{db.name}.{os.getpid()}.new")
+    _remove_sqlite(fresh)
+    engine = sqlalchemy.create_engine(f"sqlite:///{fresh}")
+    try:
+        _initialize_tables(engine)
+    except BaseException:
+        engine.dispose()
+        _remove_sqlite(fresh)
+        raise
+    engine.dispose()
+    return fresh
+
+
+def _remove_sqlite(path: Path) -> None:
+    """A sqlite file and the journal files sqlite keeps beside it."""
+    for p in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))):
+        p.unlink(missing_ok=True)
 
 
 def _template_path() -> Path | None:
-    import os
-
     try:
         import mlflow
 
@@ -322,7 +382,6 @@ def _is_empty_store(path: Path) -> bool:
 
 def _save_template(db: Path, template: Path) -> None:
     """Keep a just-created, still empty store (less its default experiment) as the template."""
-    import os
     import sqlite3
 
     tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
@@ -350,7 +409,6 @@ def _sqlite_path(uri: str) -> Path | None:
 
 def _check_writable(db: Path, uri: str) -> None:
     """sqlite fails late and vaguely on a read-only file or directory: say it first."""
-    import os
 
     if db.exists() and not os.access(db, os.W_OK):
         raise UserError(f"the MLflow store {db} is read-only; make it writable, point tracking.uri elsewhere, "
@@ -370,7 +428,8 @@ def store_error(uri: str, exc: BaseException) -> str:
         why = "the disk is full or a file-size limit was hit (disk I/O error); free space"
     elif "unable to open database" in low or "permission denied" in low:
         why = "it cannot be opened (permission denied?); check the path's permissions"
-    elif "migration" in low or "alembic" in low or "no such table" in low or "no such column" in low:
+    elif "migration" in low or "alembic" in low or "no such table" in low or "no such column" in low \
+            or "already exists" in low:
         why = ("its schema is incomplete (an interrupted upgrade or creation by an older rlinf); move the file "
                "aside (e.g. `mv mlflow.db mlflow.db.bad`) to start a fresh store")
     else:

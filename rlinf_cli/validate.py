@@ -2,15 +2,26 @@
 
 Types are checked when overrides are parsed (rlinf_cli/config.py); here: required settings that
 were not given, and values out of their range (``num_envs=0``, ``total_steps=-5``), so a bad
-run stops in the first second instead of after minutes, and writes nothing.
+run stops in the first second instead of after minutes, and writes nothing. Rules that hold
+for every key of a kind, whatever plugin it belongs to: numbers are finite, seeds fit the
+seeding of every library, paths fit the file system.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.errors import UserError, shown
+
+# Seeds go to Python's, numpy's and torch's generators and to simulators: numpy's legacy seeding
+# (which simulators use) takes 0 <= seed < 2**32, the narrowest of them.
+SEED_LIMIT = 2**32
+# Settings that name files or directories (checked against the file system's limits on names).
+PATH_KEYS = ("output", "dataset", "run_dir", "runs_dir", "checkpoint", "init", "resume", "demos", "policy")
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits for one name in a path, and for a whole path
+# MLflow's limits (its database columns; the embedded sqlite store would take more, a server would not)
+RUN_NAME_MAX, EXPERIMENT_NAME_MAX = 250, 500
 
 # (key, test, what the value must be). A key absent from the stage's config is skipped.
 Rule = tuple[str, Callable[[Any], bool], str]
@@ -109,6 +120,69 @@ def validate(stage: str, cfg: Any) -> None:
         if value is None:
             continue
         if isinstance(value, float) and math.isnan(value) or not ok(value):
-            raise UserError(f"bad value for '{key}': {value!r}; it must be {what}")
+            raise UserError(f"bad value for '{key}': {shown(value)}; it must be {what}")
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=True)):
+        _check_leaf(key, value)
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str):
+            check_path(key, value)
+    _check_tracking(cfg)
     if stage == "rl":
         check_best(cfg)
+        check_budget(cfg)
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], node
+
+
+def _check_leaf(key: str, value: Any) -> None:
+    """Rules for every key: no NaN or infinity anywhere (every rate, coefficient and limit is a
+    finite number; a setting that can be off is off with null), and seeds in ``[0, 2**32)``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"bad value for '{key}': {value}; settings take finite numbers "
+                        f"(null turns off a setting that can be off)")
+    name = key.rsplit(".", 1)[-1]
+    if (name == "seed" or name.endswith("_seed")) and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+            raise UserError(f"bad value for '{key}': {shown(value)}; a seed is an integer from 0 to "
+                            f"{SEED_LIMIT - 1:,} (2**32 - 1)")
+
+
+def check_path(key: str, value: str) -> None:
+    """A path the file system can hold: every name in it at most NAME_MAX bytes, the whole at
+    most PATH_MAX (else writing fails late with 'File name too long')."""
+    import os
+
+    raw = os.fsencode(value)
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > NAME_MAX or len(raw) > PATH_MAX:
+        what = f"a name in it is {longest:,} bytes long (at most {NAME_MAX})" if longest > NAME_MAX \
+            else f"it is {len(raw):,} bytes long (at most {PATH_MAX})"
+        raise UserError(f"bad value for '{key}': {shown(value)} cannot be a path: {what}; choose a shorter one")
+
+
+def _check_tracking(cfg: Any) -> None:
+    tracking = cfg.get("tracking") or {}
+    for key, limit in (("run_name", RUN_NAME_MAX), ("experiment", EXPERIMENT_NAME_MAX)):
+        value = tracking.get(key)
+        if value is not None and len(str(value)) > limit:
+            raise UserError(f"bad value for 'tracking.{key}': {shown(value)} is {len(str(value)):,} characters "
+                            f"long; MLflow takes at most {limit}")
+
+
+def check_budget(cfg: Any) -> None:
+    """More envs than ``total_steps``: one rollout steps every env at least once, so not even
+    one iteration fits the budget, and making the envs alone can take minutes."""
+    num_envs, total = cfg.get("num_envs"), cfg.get("total_steps")
+    if isinstance(num_envs, int) and isinstance(total, int) and num_envs > total:
+        raise UserError(f"num_envs={num_envs:,} is more envs than total_steps={total:,} has steps: an iteration "
+                        f"steps every env at least once, so not even one fits; lower num_envs or raise total_steps")

@@ -74,6 +74,19 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["pipeline", "rl.eval.best=true"], "eval.best=true keeps the best policy of the evaluations during training"),
     (["rl", "eval.best=true", "eval.interval=5", "eval.episodes=0"], "eval.best=true needs validation episodes"),
     (["pipeline", "sim=arithmetic"], "`rlinf pipeline` runs embodied simulators; for the text task 'arithmetic'"),
+    # issue 31: values that passed the checks and then crashed, or ran
+    (["rl", "algo.lr=nan"], "'algo.lr': nan; settings take finite numbers"),
+    (["rl", "algo.lr=inf"], "'algo.lr': inf; settings take finite numbers"),
+    (["sft", "dataset=d", "algo.weight_decay=-inf"], "'algo.weight_decay': -inf; settings take finite numbers"),
+    (["rl", "seed=-1"], "'seed': -1; a seed is an integer from 0 to 4,294,967,295"),
+    (["rl", "seed=99999999999999999999"], "'seed': 99999999999999999999; a seed is an integer from 0"),
+    (["eval", "checkpoint=random", "seed=4294967296"], "'seed': 4294967296; a seed is an integer"),
+    (["rl", "eval.val_seed=-5"], "'eval.val_seed': -5"),
+    (["collect", "output=" + "x" * 300], "cannot be a path: a name in it is 300 bytes long (at most 255)"),
+    (["rl", "run_dir=" + "/d" * 3000], "cannot be a path: it is 6,000 bytes long (at most 4096)"),
+    (["rl", "tracking.run_name=" + "r" * 251], "'tracking.run_name'"),
+    (["rl", "num_envs=100000", "total_steps=2000"], "num_envs=100,000 is more envs than total_steps=2,000 has steps"),
+    (["pipeline", "rl.algo.lr=nan"], "'algo.lr': nan"),
 ])
 def test_out_of_range_values_fail_at_once_and_write_nothing(workdir, args, needle):
     # refused before any simulator, model or tracking store was built: none of them was even
@@ -133,6 +146,7 @@ def test_file_size_limit_during_collect_keeps_the_dataset_whole(open_dir):
     # with tracking on, the store itself cannot be created under the limit: one line as well
     res = _as_user(open_dir, *args[:-2], "episodes=2", "runs_dir=fresh", "progress=false", limit_bytes=64 * 1024)
     _one_line_error(res, "disk is full or a file-size limit")
+    assert not (open_dir / "fresh/mlflow.db").exists()  # no half-built store that every later run would trip over
     assert json.loads((open_dir / "demo/meta.json").read_text()) == before
 
 
@@ -148,7 +162,7 @@ def test_collect_interrupted_says_what_was_saved(workdir):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err
     meta = json.loads((workdir / "demo/meta.json").read_text())
-    assert f"interrupted: {meta['episodes']} episodes were added to demo" in err
+    assert f"stopped by SIGINT: {meta['episodes']} episodes were added to demo" in err
     from rlinf_cli.data import dataset as ds
 
     assert 1 <= ds.load(workdir / "demo").num_episodes == meta["episodes"] < 400

@@ -206,6 +206,7 @@ def test_token_missing_or_wrong_is_one_line_and_exit_2(cli, monkeypatch) -> None
         assert res.code == 2
         assert res.err.startswith("error: env server 127.0.0.1:") and why in res.err, res.err
         assert res.err.count("\n") == 1 and "Traceback" not in res.err
+        assert res.err.count(wire.TOKEN_ENV) == 1  # how to give a token is said once
     assert good.code == 0, good.err
 
 

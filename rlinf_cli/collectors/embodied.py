@@ -18,6 +18,7 @@ from rlinf_cli.api import EnvSpec, Executor, Obs, Simulator, StepBatch
 from rlinf_cli.collectors.base import Evaluation, training_seeds
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
+from rlinf_cli.progress import under_way
 from rlinf_cli.registry import get_registry, make_simulator
 from rlinf_cli.runtime.rollout import EpisodeRecorder, EpisodeStats, Recorder, Runner, policy_actor, run_episodes
 from rlinf_cli.settings import plain
@@ -362,19 +363,20 @@ class EmbodiedCollector:
                 else (type(executor), {**dict(plain(self.cfg.executor)), "runtime": runtime}))
             self._env = self.runner
             return notes + ["runtime: rollouts overlap the update in a separate process (one policy version behind)"]
-        self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
-        notes.append(f"runtime: {executor.describe()}")
-        if spec.kind == "transitions":
-            notes += self._start_replay(policy, spec, saved)
-        if spec.kind in ("steps", "transitions"):
-            self.runner = Runner(self._env, policy, self.ctx.device, self.normalizer)
-            if saved is not None and "streams" in saved and self.spec.replayable:
-                self.runner.restore(saved)
-            else:
-                if saved is not None or state["iteration"] > 0:
-                    notes.append("resume: the simulator's episodes cannot be replayed (EnvSpec.replayable=False or "
-                                 "no saved env state); the resumed run starts fresh episodes")
-                self.runner.reset(first_seeds)
+        with under_way(self.ctx.log, f"starting {num_envs:,} envs", bool(self.cfg.get("progress", True))):
+            self._env = executor.make_vec_env(self.sim, num_envs, autoreset=spec.kind != "episodes")
+            notes.append(f"runtime: {executor.describe()}")
+            if spec.kind == "transitions":
+                notes += self._start_replay(policy, spec, saved)
+            if spec.kind in ("steps", "transitions"):
+                self.runner = Runner(self._env, policy, self.ctx.device, self.normalizer)
+                if saved is not None and "streams" in saved and self.spec.replayable:
+                    self.runner.restore(saved)
+                else:
+                    if saved is not None or state["iteration"] > 0:
+                        notes.append("resume: the simulator's episodes cannot be replayed (EnvSpec.replayable=False or "
+                                     "no saved env state); the resumed run starts fresh episodes")
+                    self.runner.reset(first_seeds)
         return notes
 
     def collect(self, policy: Any, algo: Algorithm, iteration: int) -> Experience:

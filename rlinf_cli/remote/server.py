@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import pickle
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,9 @@ class ServeConfig:
     tls_key: str | None = None  # PEM private key
 
     def __post_init__(self) -> None:
+        if not valid_host(self.host):
+            raise ValueError(f"host={self.host!r} is neither an IP address nor a host name "
+                             f"(e.g. host=127.0.0.1, host=0.0.0.0 or host=myhost.local)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.max_message_mb <= 0 or self.max_sessions < 1 or self.max_envs < 1 or self.worker_timeout_s <= 0:
@@ -75,6 +79,7 @@ class ServeConfig:
         return int(self.max_message_mb * 2**20)
 
 
+<<<<<<< HEAD
 # streams and calls beyond the sessions: expert streams (one per client process and server) and
 # the short Info call each client makes when it starts
 EXTRA_STREAMS = 8
@@ -83,6 +88,23 @@ EXTRA_STREAMS = 8
 def max_streams(cfg: ServeConfig) -> int:
     """How many streams and calls the server holds at once; gRPC refuses more (RESOURCE_EXHAUSTED)."""
     return cfg.max_sessions + EXTRA_STREAMS
+=======
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def valid_host(host: str) -> bool:
+    """An IP address (v4, or v6 with or without brackets) or a host name (RFC 1123 labels, the
+    last not all digits: ``999.1.1.1`` is a bad address, not a name)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        return True
+    except ValueError:
+        pass
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    return 0 < len(host) <= 253 and all(_HOST_LABEL.match(label) for label in labels) and not labels[-1].isdigit()
+>>>>>>> i31-faults
 
 
 class ProtocolError(Exception):
@@ -299,7 +321,7 @@ class EnvServer:
         given = dict(ctx.invocation_metadata()).get(wire.TOKEN_KEY)
         if given is None:
             log.warning("refused %s: no token (this server requires one)", ctx.peer())
-            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, f"this env server requires a token (sim.token or {wire.TOKEN_ENV})")
+            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "this env server requires a token")  # the client says how to give one
         if not hmac.compare_digest(str(given).encode(), self.token.encode()):
             log.warning("refused %s: wrong token", ctx.peer())
             ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong token")

@@ -46,7 +46,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.errors import UserError, torch_load_error
 from rlinf_cli.runtime.optim import FLAT_MAX_PARAMS, LeanAdam, LeanAdamW, clip_grad_norm
 
 BACKENDS = ("torch", "deepspeed")
@@ -203,9 +203,8 @@ class Engine:
             raise UserError(f"'{path}' cannot be resumed: it lacks {OPTIM_FILE} (only rl training checkpoints resume)")
         try:
             self.optimizer.load_state_dict(torch.load(f, weights_only=True, map_location="cpu"))
-        except Exception as exc:  # any damage means the same thing to the user
-            raise UserError(f"cannot resume from '{path}': {OPTIM_FILE}: {type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        except Exception as exc:  # any damage means the same thing to the user; pickle is refused, never advised
+            raise UserError(torch_load_error(path, OPTIM_FILE, exc)) from exc
 
     def close(self) -> None:
         pass

@@ -12,6 +12,14 @@ from rlinf_cli.stages import common
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    try:
+        return _run(cfg)
+    except KeyboardInterrupt as exc:  # stopped before the dataset was opened
+        common.stopped(exc, "nothing was added to the dataset")
+        raise
+
+
+def _run(cfg: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from rlinf_cli import __version__, collectors
@@ -33,14 +41,9 @@ def run(cfg: Any) -> dict[str, Any]:
             tracker.log_params(flatten(cfg))
             try:
                 kept = collector.record(writer, str(cfg.policy), want, bool(cfg.only_success), progress)
-                writer.close()
-            except KeyboardInterrupt:
+            finally:
                 progress.close()
                 writer.close()  # finished episodes are never lost
-                ctx.note(f"interrupted: {writer.added} episodes were added to {writer.path} ({writer.episodes_written} "
-                         f"in total); run the same command again to add more (it continues with fresh seeds)")
-                raise
-            progress.close()
             summary = collector.demos_summary(kept)
             tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
             tracker.log_artifact(writer.meta_path, "dataset")
@@ -50,6 +53,11 @@ def run(cfg: Any) -> dict[str, Any]:
             table = collector.table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
             common.write_result(ctx, tracker, result, table)
             ctx.note(f"dataset: {writer.path} ({writer.episodes_written} episodes in total)")
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
+        writer.close()
+        common.stopped(exc, f"{writer.added} episodes were added to {writer.path} ({writer.episodes_written} in "
+                            f"total); run the same command again to add more (it continues with fresh seeds)")
+        raise
     finally:
         writer.close()
         collector.close()

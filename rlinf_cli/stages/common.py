@@ -245,6 +245,14 @@ def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, 
                      getattr(collector, "save_files", None))
 
 
+def stopped(exc: BaseException, saved: str) -> None:
+    """Record on a stop (SIGINT or SIGTERM: a KeyboardInterrupt) what the stage kept and how to go
+    on; the CLI prints it in its one line ``stopped by SIGTERM: <saved>``. The innermost stage
+    that knows says it (a pipeline adds its own part around it)."""
+    if not getattr(exc, "saved", ""):
+        exc.saved = saved  # type: ignore[attr-defined]
+
+
 def resume(path: Path, engine: Any, generator: Any, rank: int) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
     """Load a checkpoint's progress, optimizer and RNGs; returns (progress state, this rank's saved
     collector arrays or None)."""

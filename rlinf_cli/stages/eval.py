@@ -12,6 +12,14 @@ from rlinf_cli.stages import common
 
 
 def run(cfg: Any) -> dict[str, Any]:
+    try:
+        return _run(cfg)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
+        common.stopped(exc, "no result was written (an evaluation does not resume: run the command again)")
+        raise
+
+
+def _run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli import collectors
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress

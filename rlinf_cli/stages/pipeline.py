@@ -87,11 +87,8 @@ def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[s
 
 
 def run(args: list[str]) -> dict[str, Any]:
-    import json
-
     from rich.console import Console
 
-    from rlinf_cli.registry import make_simulator
     from rlinf_cli.config import compose, inherited_overrides
     from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
     from rlinf_cli.validate import validate
@@ -102,8 +99,10 @@ def run(args: list[str]) -> dict[str, Any]:
     console = Console()
     results: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
+    running: list[str] = []  # the step started last
 
     def stage(step: str, extra: list[str]) -> dict[str, Any]:
+        running.append(step)
         overrides = routed[step] + [f"run_dir={root / step}"] + extra  # extra may name its own run_dir
         name = _STAGE_OF[step]
         cfg = compose(name, overrides, inherited_overrides(name, overrides))
@@ -113,6 +112,21 @@ def run(args: list[str]) -> dict[str, Any]:
         results[step] = {"rl": rl, "collect": collect, "sft": sft, "eval": eval_stage}[name].run(cfg)
         timings[step] = time.time() - t0
         return results[step]
+
+    try:
+        return _steps(routed, probe, root, stage, results, timings, console)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the step's own line, and where the others are
+        inner = getattr(exc, "saved", "")
+        where = f"in step {running[-1]}" + (f": {inner}" if inner else "") if running else "before the first step"
+        exc.saved = f"{where}; the pipeline does not resume: the finished steps' outputs are in {root}"  # type: ignore[attr-defined]
+        raise
+
+
+def _steps(routed: dict[str, list[str]], probe: Any, root: Path, stage: Any, results: dict[str, Any],
+           timings: dict[str, float], console: Any) -> dict[str, Any]:
+    import json
+
+    from rlinf_cli.registry import make_simulator
 
     sim = make_simulator(probe.sim)
     if sim.expert() is not None:

@@ -155,9 +155,20 @@ def iterate(run: Run) -> dict[str, float]:
 
 
 def checkpoint(run: Run, name: str) -> Path:
-    return common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
-                                  {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.collector,
-                                  run.rank)
+    from rlinf_cli import checkpoint as ckpt
+
+    # MLflow gets every point logged so far first: a run killed after this checkpoint has sent
+    # all the points up to it, as metrics.jsonl has (docs/runtime.md, tracking after a kill)
+    run.tracker.flush()
+    try:
+        return common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
+                                      {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.collector,
+                                      run.rank)
+    except ckpt.CheckpointWriteError as exc:  # the run ends here: say where it can go on from
+        last = ckpt.latest(run.ctx.run_dir / "checkpoints")
+        then = f"free space, then resume with: rlinf rl resume={last}" if last else \
+            "no checkpoint was written before this one: free space and run the command again"
+        raise UserError(f"{exc}; {then}") from exc
 
 
 def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:
@@ -262,7 +273,7 @@ def restore_best(run: Run, resume_dir: Path) -> None:
 
 
 def train(run: Run, progress: Any) -> None:
-    """The loop, with periodic evaluation and checkpoints; Ctrl-C says how to resume."""
+    """The loop, with periodic evaluation and checkpoints."""
     from rlinf_cli import checkpoint as ckpt
     from rlinf_cli.runtime.workers import EnvWorkerError
 
@@ -294,9 +305,7 @@ def train(run: Run, progress: Any) -> None:
                 if run.rank == 0:
                     ckpt.prune(run.ctx.run_dir / "checkpoints", int(cfg.checkpoint.keep))
     except KeyboardInterrupt:
-        progress.close()
-        last = ckpt.latest(run.ctx.run_dir / "checkpoints")
-        run.ctx.note(f"interrupted; resume with: rlinf rl resume={last}" if last else "interrupted before the first checkpoint")
+        progress.close()  # what was saved is said by run(), in the CLI's one line
         raise
     except EnvWorkerError as exc:
         if not exc.server_lost:
@@ -355,18 +364,40 @@ def finish(run: Run) -> dict[str, Any]:
     return result
 
 
+def stop_note(cfg: Any, run: Run | None) -> str:
+    """What a stopped run kept, and the command that continues it."""
+    from rlinf_cli import checkpoint as ckpt
+
+    if run is None or run.tracker is None:
+        if cfg.resume:
+            return f"it had not started; resume with: rlinf rl resume={cfg.resume}"
+        return "nothing was saved (the run had not started)"
+    ckpts = run.ctx.run_dir / "checkpoints"
+    written = [c for c in (ckpt.latest(ckpts), ckpts / "final") if c is not None and (c / ckpt.STATE_FILE).is_file()]
+    last = max(written, key=lambda c: (c / ckpt.STATE_FILE).stat().st_mtime, default=None)
+    if last is None:
+        return (f"no checkpoint yet (the first comes after checkpoint.interval={int(cfg.checkpoint.interval)} "
+                f"iterations); metrics so far are in {run.ctx.run_dir}")
+    return f"the last checkpoint is {last}; resume with: rlinf rl resume={last}"
+
+
 def run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.config import flatten, to_yaml
     from rlinf_cli.progress import Progress
 
-    r = setup(cfg)
-    r.cfg_yaml = to_yaml(cfg)
-    tags = {**common.plugin_tags(cfg), "rlinf.modality": r.collector.modality, "rlinf.backend": r.engine.backend}
-    resumed = {"resume_run_id": r.state.get("mlflow_run_id"), "resume_step": r.step()} if cfg.resume else {}
-    with r.ctx.track(cfg, tags, **resumed) as r.tracker, \
-            Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg), r.collector.unit,
-                     enabled=bool(cfg.progress)) as progress:
-        progress.done = float(r.step())
-        r.tracker.log_params({**flatten(cfg), "train.precision_used": r.engine.precision})  # measured, not asked
-        train(r, progress)
-        return finish(r)
+    r = None
+    try:
+        r = setup(cfg)
+        r.cfg_yaml = to_yaml(cfg)
+        tags = {**common.plugin_tags(cfg), "rlinf.modality": r.collector.modality, "rlinf.backend": r.engine.backend}
+        resumed = {"resume_run_id": r.state.get("mlflow_run_id"), "resume_step": r.step()} if cfg.resume else {}
+        with r.ctx.track(cfg, tags, **resumed) as r.tracker, \
+                Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg), r.collector.unit,
+                         enabled=bool(cfg.progress)) as progress:
+            progress.done = float(r.step())
+            r.tracker.log_params({**flatten(cfg), "train.precision_used": r.engine.precision})  # measured, not asked
+            train(r, progress)
+            return finish(r)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
+        common.stopped(exc, stop_note(cfg, r))
+        raise

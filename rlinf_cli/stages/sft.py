@@ -90,12 +90,30 @@ def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tr
     return best
 
 
+def stop_note(ctx: Any) -> str:
+    """What a stopped `sft` kept (it does not resume: a new run can start from its best checkpoint)."""
+    best = ctx.run_dir / "checkpoints" / "best" if ctx is not None else None
+    if best is None or not (best / "config.json").is_file():
+        return "no checkpoint was saved yet (the first comes after the first epoch); run the command again"
+    return (f"the best checkpoint so far is {best}; `rlinf sft` does not resume: run the command again, "
+            f"or continue training from that checkpoint with init={best}")
+
+
 def run(cfg: Any) -> dict[str, Any]:
+    ctx = None
+    try:
+        ctx, *parts = setup(cfg)
+        return _run(cfg, ctx, *parts)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
+        common.stopped(exc, stop_note(ctx))
+        raise
+
+
+def _run(cfg: Any, ctx: Any, algo: Any, collector: Any, data: Any, policy: Any, engine: Any, rank: int) -> dict[str, Any]:
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
     from rlinf_cli.runtime.engine import shutdown
 
-    ctx, algo, collector, data, policy, engine, rank = setup(cfg)
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
     with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": collector.modality}) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
