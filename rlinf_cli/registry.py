@@ -189,7 +189,6 @@ def unknown_name_message(kind: str, name: str, installed: list[str], broken: lis
     )
 
 
-<<<<<<< HEAD
 def extra_requirements(package: str, extra: str = TRAIN_EXTRA) -> list[str]:
     """The distributions that ``package``'s ``extra`` pulls in, from its installed metadata
     (``Requires-Dist: name...; extra == "train"``); none if it is not installed or has no such extra."""
@@ -211,7 +210,8 @@ def extra_requirements(package: str, extra: str = TRAIN_EXTRA) -> list[str]:
 def _normalize(name: str) -> str:
     """A distribution name as the index compares it (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
-=======
+
+
 # what pip takes as a distribution name (PEP 508), and how long a name can sensibly be
 _PACKAGE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
 
@@ -219,7 +219,6 @@ _PACKAGE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
 def _looks_like_path(name: str) -> bool:
     return "/" in name or "\\" in name or name.startswith((".", "~")) or \
         name.lower().endswith((".yaml", ".yml", ".json", ".toml", ".py"))
->>>>>>> i31-faults
 
 
 def _conf_dir_of(plugin: object) -> Path | None:

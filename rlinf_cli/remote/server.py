@@ -79,7 +79,6 @@ class ServeConfig:
         return int(self.max_message_mb * 2**20)
 
 
-<<<<<<< HEAD
 # streams and calls beyond the sessions: expert streams (one per client process and server) and
 # the short Info call each client makes when it starts
 EXTRA_STREAMS = 8
@@ -88,7 +87,8 @@ EXTRA_STREAMS = 8
 def max_streams(cfg: ServeConfig) -> int:
     """How many streams and calls the server holds at once; gRPC refuses more (RESOURCE_EXHAUSTED)."""
     return cfg.max_sessions + EXTRA_STREAMS
-=======
+
+
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -104,7 +104,6 @@ def valid_host(host: str) -> bool:
         pass
     labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
     return 0 < len(host) <= 253 and all(_HOST_LABEL.match(label) for label in labels) and not labels[-1].isdigit()
->>>>>>> i31-faults
 
 
 class ProtocolError(Exception):
