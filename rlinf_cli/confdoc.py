@@ -121,5 +121,13 @@ def config_files() -> list[tuple[str, Path]]:
             owners.setdefault(spec.conf_dir, spec.package)
     out = []
     for conf, owner in owners.items():
-        out += [(owner, p) for p in sorted(conf.rglob("*.yaml"))]
+        out += [(owner, p) for p in sorted(conf.rglob("*.yaml")) if not is_recommendation(p)]
     return out
+
+
+def is_recommendation(path: Path) -> bool:
+    """A simulator's task recommendations (rlinf_cli/recommend.py) set existing keys; they are
+    documented where they are kept (docs/algorithms.md), not as config options."""
+    from rlinf_cli.recommend import DIRNAME
+
+    return path.parent.name == DIRNAME

@@ -28,12 +28,13 @@ from typing import Any, Iterable
 from rlinf_cli.errors import UserError
 
 STAGES = ("rl",)  # stages whose settings depend on the task and the algorithm
+DIRNAME = "recommended"  # conf/<DIRNAME>/<simulator>.yaml: values for existing keys, not config options of their own
 WILDCARD = "*"
 
 
 def recommendation_file(sim_name: str, dirs: Iterable[Path]) -> Path | None:
     for d in dirs:
-        path = d / "recommended" / f"{sim_name}.yaml"
+        path = d / DIRNAME / f"{sim_name}.yaml"
         if path.is_file():
             return path
     return None

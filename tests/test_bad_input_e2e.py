@@ -69,7 +69,8 @@ def _wait_for(path, timeout=120.0):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
-    args = [RLINF, "rl", "total_steps=400000", "checkpoint.interval=2", "run_dir=run", "progress=false", "eval.episodes=2"]
+    args = [RLINF, "rl", "total_steps=400000", "algo.rollout_steps=128", "checkpoint.interval=2", "run_dir=run",
+            "progress=false", "eval.episodes=2"]  # 8 envs x 128 steps: 1,024 a iteration
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
     _wait_for(workdir / "run/checkpoints/iter_000004")
     proc.send_signal(sig)

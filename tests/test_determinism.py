@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
 ALIGNMENT_PROBE = r'''
 import rlinf_cli  # first: it must set MKL's mode before torch runs an MKL op
 import torch
 from rlinf_cli.determinism import mkl_cbwr_state
-
-pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 torch.set_num_threads(1)
 torch.manual_seed(0)
 

@@ -18,7 +18,8 @@ import pytest
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 
 
-ARGS = ["num_envs=4", "eval.episodes=3", "progress=false", "tracking.enabled=false", "algo.epochs=4"]
+ARGS = ["num_envs=4", "eval.episodes=3", "progress=false", "tracking.enabled=false", "algo.epochs=4",
+        "algo.rollout_steps=128"]
 
 
 def _metrics(run_dir: str) -> list[dict]:
@@ -80,8 +81,9 @@ def test_torchrun_two_ranks_share_the_work(workdir, backend: str, learning) -> N
 @pytest.mark.slow
 def test_deepspeed_runs_resume_exactly(cli_proc, workdir) -> None:
     """ZeRO's optimizer state is saved with each checkpoint (DeepSpeed's own shards) and restored."""
-    args = ["total_steps=4096", "num_envs=4", "eval.episodes=2", "progress=false", "tracking.enabled=false",
-            "train.backend=deepspeed", "train.zero_stage=2", "checkpoint.interval=1", "checkpoint.keep=10"]
+    args = ["total_steps=4096", "num_envs=4", "algo.rollout_steps=128", "eval.episodes=2", "progress=false",
+            "tracking.enabled=false", "train.backend=deepspeed", "train.zero_stage=2", "checkpoint.interval=1",
+            "checkpoint.keep=10"]
     r = cli_proc("rl", *args, "run_dir=a")
     assert r.code == 0, r.err
     assert (workdir / "a/checkpoints/iter_000002/deepspeed/state").is_dir()

@@ -15,7 +15,7 @@ from rlinf_executor_local.executor import LocalExecutor
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 
-SHORT = ["total_steps=1024", "num_envs=4", "eval.episodes=2", "progress=false", "tracking.enabled=false",
+SHORT = ["total_steps=1024", "num_envs=4", "algo.rollout_steps=128", "eval.episodes=2", "progress=false", "tracking.enabled=false",
          "algo.epochs=2", "checkpoint.interval=1"]
 
 

@@ -195,7 +195,7 @@ def repository_config_files(exclude_installed: bool = False) -> list[tuple[str, 
     installed or not (a simulator with its own virtualenv is not installed in the main one)."""
     import release
 
-    from rlinf_cli.confdoc import config_files
+    from rlinf_cli.confdoc import config_files, is_recommendation
 
     installed = {p.resolve() for _, p in config_files()} if exclude_installed else set()
     out = []
@@ -204,7 +204,7 @@ def repository_config_files(exclude_installed: bool = False) -> list[tuple[str, 
             continue
         for root in pkg.source_roots():
             for f in sorted((root / "conf").rglob("*.yaml")):
-                if f.resolve() not in installed:
+                if f.resolve() not in installed and not is_recommendation(f):
                     owner = pkg.name + ("" if not exclude_installed else ", not installed in this docs build")
                     out.append((owner, f))
     return out

@@ -89,12 +89,6 @@ def setup(cfg: Any) -> Run:
     rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}",
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
-    if rank == 0 and cfg.get("recommended"):
-        from omegaconf import OmegaConf
-
-        rec = cfg.recommended
-        values = " ".join(f"{k}={OmegaConf.select(cfg, str(k))}" for k in rec["keys"])
-        ctx.note(f"recommended for {rec['for']}: {values} (any override wins)")
     collector = collectors.make(cfg, ctx)
     collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
     algo.check(collector.spec)
@@ -129,6 +123,17 @@ def setup(cfg: Any) -> Run:
     if algo.critic_only(int(run.state["iteration"]), bool(cfg.init)):
         declared_critic(policy, algo.name)  # a warm-up with nothing to train: refused before the first rollout
     return run
+
+
+def note_recommended(run: Run) -> None:
+    """One line naming the settings the simulator recommended for this task (after the run has
+    started: a run that fails to start says only why)."""
+    from omegaconf import OmegaConf
+
+    rec = run.cfg.get("recommended")
+    if rec and run.rank == 0:
+        values = " ".join(f"{k}={OmegaConf.select(run.cfg, str(k))}" for k in rec["keys"])
+        run.ctx.note(f"recommended for {rec['for']}: {values} (any override wins)")
 
 
 def iterate(run: Run) -> dict[str, float]:
@@ -396,6 +401,7 @@ def run(cfg: Any) -> dict[str, Any]:
                          enabled=bool(cfg.progress)) as progress:
             progress.done = float(r.step())
             r.tracker.log_params({**flatten(cfg), "train.precision_used": r.engine.precision})  # measured, not asked
+            note_recommended(r)
             train(r, progress)
             return finish(r)
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
