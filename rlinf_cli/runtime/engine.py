@@ -235,6 +235,9 @@ PROBE_BATCH = 64
 # layers narrower than this on either side are a model's input or output layers, which the MLP keeps
 # in full fp32 on purpose (fp32_matmuls), and oneDNN may compute such thin products in fp32 anyway
 PROBE_MIN_WIDTH = 16
+# a product counts as rounded to bf16 only if it moved by more than this share of its largest value
+# (bf16 keeps 8 bits: ~4e-3 per input; fp32's kernel-to-kernel differences are ~1e-7)
+BF16_SCALE = 1e-4
 
 
 def onednn_bf16_rounds(shapes: Sequence[tuple[int, int]], batch: int = PROBE_BATCH) -> list[tuple[int, int]]:
@@ -242,19 +245,31 @@ def onednn_bf16_rounds(shapes: Sequence[tuple[int, int]], batch: int = PROBE_BAT
     bf16 math mode leaves in full fp32 on this CPU, measured: the flag is a permission, not an
     order, and whether oneDNN takes it depends on the CPU and the problem size (a 2-core Zen 4
     rounded a 256x256 product but not a 64x32x32 one; with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``
-    a Sapphire Rapids rounds none, although ``_is_mkldnn_bf16_supported()`` says yes).
-    Empty: every shape rounds."""
+    a Sapphire Rapids rounds none, although ``_is_mkldnn_bf16_supported()`` says yes; with
+    ``MKL_CBWR=COMPATIBLE`` as well, the flag moves products to oneDNN's fp32 kernels, which differ
+    from MKL's in the last bits only: not rounding). Empty: every shape rounds."""
     g = torch.Generator().manual_seed(0)
     unrounded = []
     for k, n in dict.fromkeys(shapes):
         a = torch.randn(batch, k, generator=g)
         w = torch.randn(n, k, generator=g)
-        with torch.no_grad(), _fp32_matmul_precision("none"):
-            full = torch.nn.functional.linear(a, w)
-        with torch.no_grad(), _fp32_matmul_precision("bf16"):
-            rounded = torch.nn.functional.linear(a, w)
-        if torch.equal(full, rounded):
-            unrounded.append((k, n))
+        b = torch.randn(n, generator=g)
+        grad = torch.randn(batch, n, generator=g)
+        # every product a layer's step makes, each its own kernel choice (measured: with
+        # MKL_CBWR=COMPATIBLE a plain product rounded while the biased one, addmm, did not)
+        products = (lambda: torch.nn.functional.linear(a, w, b), lambda: torch.nn.functional.linear(a, w),
+                    lambda: grad @ w, lambda: grad.t() @ a)
+        with torch.no_grad():
+            for product in products:
+                with _fp32_matmul_precision("none"):
+                    full = product()
+                with _fp32_matmul_precision("bf16"):
+                    rounded = product()
+                # bf16's rounding moves a product by ~1e-3 of its scale; another fp32 kernel (oneDNN's
+                # instead of MKL's, with the flag on and no bf16 kernel taking it) only in the last bits
+                if (rounded - full).abs().max() <= BF16_SCALE * full.abs().max():
+                    unrounded.append((k, n))
+                    break
     return unrounded
 
 
