@@ -45,7 +45,7 @@ def test_a2c_from_the_contract_alone_learns_cartpole(workdir, learning):
 def test_a2c_from_the_contract_alone_trains_a_language_model(workdir, learning):
     _rlinf(workdir, "collect", "sim=arithmetic", "sim.digits=1", "policy=expert", "episodes=1000", "output=add.jsonl")
     _rlinf(workdir, "sft", "dataset=add.jsonl", *TINY, "algo.epochs=3", "algo.minibatch_size=32", "algo.lr=3e-3",
-           "eval.episodes=0", "run_dir=sft", f"seed={learning.seed}")
+           "eval.episodes=0", "run_dir=sft", "seed=0")  # one clone: the RL seed varies
     # no critic on a language model: the A2C above uses a batch-mean baseline. Greedy accuracy on
     # training-split prompts (eval.seed=0) is what the reward maximises.
     _rlinf(workdir, "rl", "--algo", "a2c", "init=sft/checkpoints/best", "text.iterations=30", "algo.rollout_steps=8",

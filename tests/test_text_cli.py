@@ -28,7 +28,7 @@ def test_sft_then_grpo_raises_reward(cli, workdir, learning):
     assert r.code == 0, r.err
     assert (workdir / "data/add.jsonl.meta.json").is_file()
     r = cli("sft", "dataset=data/add.jsonl", *TINY, "algo.epochs=3", "algo.minibatch_size=32", "algo.lr=3e-3",
-            "eval.episodes=40", "run_dir=sft", f"seed={learning.seed}", *QUIET)
+            "eval.episodes=40", "run_dir=sft", "seed=0", *QUIET)  # one clone: the RL seed varies
     assert r.code == 0, r.err
     sft = json.loads((workdir / "sft/result.json").read_text())
     assert sft["modality"] == "text" and 0.0 <= sft["eval"]["accuracy"] <= 1.0  # scored on the task from provenance

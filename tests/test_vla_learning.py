@@ -13,26 +13,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 QUIET = ["progress=false", "tracking.enabled=false"]
 SIM = ["sim=metaworld", "sim.task=reach-v3", "sim.max_episode_steps=100"]
-# Success PPO must add on the episodes it trains on (sampled actions), its last 15 iterations
-# against the 15 critic warm-up iterations (the clone acting, its actor frozen), and how far the
-# deterministic policy's held-out success may fall below the clone's (a collapse, not noise).
-# Measured over seeds 0-4 and the lesser-CPU settings: docs/benchmarks.md, "Learning-test margins".
+# Success points PPO must add, measured over RL seeds 0-4 on this CPU and 5 draws under the
+# lesser-CPU settings (docs/benchmarks.md, "Learning-test margins"): on the 50 held-out seeds,
+# deterministic, +0.10 to +0.36 (median +0.20); on the episodes it trains on (sampled; its last 15
+# iterations against the 15 critic warm-up iterations, the clone acting), +0.17 to +0.37.
+HELD_OUT_GAIN = 0.05
 TRAIN_GAIN = 0.05
-HELD_OUT_DROP = 0.15
 PPO = ["algo.lr=3e-5", "algo.epochs=4", "algo.minibatch_size=128", "algo.anneal_lr=false",
        "algo.critic_warmup_iters=15", "algo.critic_warmup_lr=1e-3"]
 
 
 def test_vla_sft_then_ppo_raises_success_on_reach(cli, workdir, learning):
-    """PPO raises the success of the cloned VLA on the episodes it trains on, and its final
-    deterministic policy keeps the clone's success on 50 held-out seeds.
+    """PPO raises a cloned VLA's success on 50 held-out seeds and on the episodes it trains on.
 
-    Why these two statistics (measured, docs/benchmarks.md): over seeds 0-3 on this CPU and the
-    lesser-CPU settings, the held-out deterministic success moved by -0.06 to +0.28 at this
-    budget (a good clone, 46-56%, gained nothing; a +15 bar on it held on some draws only, and a
-    Zen 4 failed it), while the training episodes' success rose by +0.12 to +0.32 on every draw.
-    Keeping RL from losing a good clone's held-out success is issue 36's work; this test holds the
-    learning claim that is true on every draw, and catches a collapse."""
+    One clone (the demos and SFT at seed 0), the RL seed varied: the question is whether PPO lifts
+    this clone, not whether three demos of another draw leave room to lift. With the demos drawn
+    per seed too, the clone ranged 16-56% and a good clone (46-56%) gained -0.12 to +0.08 on the
+    held-out seeds at this budget, while weak ones gained up to +0.36: a +15 bar held on some
+    draws only (and failed on a Zen 4). Keeping RL from losing a good clone is issue 36's work."""
     res = cli("collect", *SIM, *QUIET, "policy=expert", "only_success=true", "episodes=3", "num_envs=3",
               "output=data", "seed=0")
     assert res.code == 0, res.err
@@ -52,7 +50,7 @@ def test_vla_sft_then_ppo_raises_success_on_reach(cli, workdir, learning):
     last = [v for i, v in train if i > train[-1][0] - warm_iters]
     assert len(warm) == len(last) == warm_iters
     gain = sum(last) / len(last) - sum(warm) / len(warm)
-    learning.record(gain, TRAIN_GAIN, warm=sum(warm) / len(warm), held_out_gain=tuned["success_once"] - cloned,
-                    cloned=cloned)
+    learning.record(tuned["success_once"] - cloned, HELD_OUT_GAIN, cloned=cloned, train_gain=gain,
+                    warm=sum(warm) / len(warm))
+    assert tuned["success_once"] >= cloned + HELD_OUT_GAIN, (cloned, tuned["success_once"])
     assert gain >= TRAIN_GAIN, (warm, last)
-    assert tuned["success_once"] >= cloned - HELD_OUT_DROP, (cloned, tuned["success_once"])
