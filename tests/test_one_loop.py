@@ -55,5 +55,7 @@ def test_a2c_from_the_contract_alone_trains_a_language_model(workdir, learning):
     assert [r["train/gradient_steps"] for r in rows if "train/gradient_steps" in r] == [1.0] * 30
     before = next(r["eval/accuracy"] for r in rows if r["step"] == 0)
     after = json.loads((workdir / "rl/result.json").read_text())["eval"]["accuracy"]
+    # one clone (SFT at seed 0), the RL seed varied: +0.34 to +0.44 over seeds 0-4 and the
+    # lesser-CPU settings (docs/benchmarks.md, "Learning-test margins")
     learning.record(after - before, 0.1, before=before)
     assert after >= before + 0.1, (before, after)

