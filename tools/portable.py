@@ -4,7 +4,8 @@ compute like a lesser or different one.
 
 The suite was green on the machine it was written on and red on the next one twice (MKL rounding;
 oneDNN's bf16 not taking effect on a Zen 4). Each variable below was checked to change results on
-a Sapphire Rapids (AVX-512, AMX) before being relied on (docs/benchmarks.md, "Lesser-CPU runs"):
+a Sapphire Rapids (AVX-512, AMX) before being relied on (`python benchmarks/cpu_variables.py`;
+docs/benchmarks.md, "Learning-test margins and lesser-CPU runs"):
 
 - ``MKL_ENABLE_INSTRUCTIONS=AVX2``: MKL's AVX2 kernels (a matmul's and tanh's bits change);
 - ``MKL_CBWR=COMPATIBLE``: MKL's most conservative code path (bits change again, unlike
@@ -12,8 +13,7 @@ a Sapphire Rapids (AVX-512, AMX) before being relied on (docs/benchmarks.md, "Le
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: no bf16 kernels in oneDNN (train.bf16 falls back to autocast,
   emulated); ``AVX512_CORE_BF16``: bf16 kernels but no AMX, where oneDNN's bf16 math mode leaves
   fp32 products unrounded (as a Zen 4 did at small sizes);
-- ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels instead of AVX-512 (no change measured on the
-  ops checked; kept because it is what an AVX2-only CPU runs);
+- ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels instead of AVX-512 (log_softmax's bits change);
 - ``OMP_NUM_THREADS`` 1 and 2: reductions split differently across threads (a sum's bits change).
 
 ``python tools/portable.py [--config NAME] [pytest args...]`` runs the selection under each
