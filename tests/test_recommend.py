@@ -98,3 +98,13 @@ def test_a_run_says_which_settings_it_took(cli):
     assert res.code == 0, res.err
     assert "recommended for gymnasium CartPole-v1, ppo: num_envs=8" in " ".join(res.err.split())
     assert "(any override wins)" in " ".join(res.err.split())
+
+
+def test_metaworld_recommends_its_grpo_fine_tuning_settings_from_a_checkpoint():
+    """Meta-World's recommendation is for fine-tuning a clone (its documented loop); from scratch
+    GRPO keeps its plain defaults, and any override still wins."""
+    cfg = compose("rl", ["sim=metaworld", "init=clone", "algo=grpo", "algo.epochs=3"])
+    assert (cfg.algo.groups, cfg.algo.group_size, cfg.algo.filter_groups, cfg.algo.epochs) == (8, 4, True, 3)
+    assert cfg.recommended["for"] == "metaworld reach-v3, grpo from a checkpoint"
+    plain = compose("rl", ["sim=metaworld", "algo=grpo"])
+    assert "recommended" not in plain and plain.algo.groups == compose("rl", ["algo=grpo"], recommend=False).algo.groups
