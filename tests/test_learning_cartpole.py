@@ -68,7 +68,9 @@ def test_collect_sft_eval_keeps_90_percent_of_the_source_return(ppo_run, cli, wo
     assert res.code == 0, res.err
     meta = json.loads((workdir / "demos" / "meta.json").read_text())
     assert meta["episodes"] == 10 and meta["provenance"][0]["policy"] == source
-    res = cli("sft", "dataset=demos", "algo.epochs=20", "eval.episodes=0", "run_dir=sft", "progress=false",
+    # 100 epochs: at 20 the clone of a policy trained without dual clip kept 68-77% of its return
+    # (validation loss still falling, 0.28); at 100 (0.05) the seed-1 clone kept 100%
+    res = cli("sft", "dataset=demos", "algo.epochs=100", "eval.episodes=0", "run_dir=sft", "progress=false",
               f"seed={learning.seed}")
     assert res.code == 0, res.err
     src = cli("eval", f"checkpoint={source}", "episodes=20", "output=src.json")
