@@ -350,3 +350,57 @@ class TextTask(Protocol):
 
 TEXT_SPEC = EnvSpec(observation={"text": ArraySpec((), "str")}, action=ArraySpec((), "str"),
                     max_episode_steps=1, has_success=True)
+
+
+# The rest of the plugin surface: what plugins use from the core beyond the contracts above.
+# Plugins import these from here, never from the modules behind them (tests/test_plugin_surface.py),
+# so the core can move its internals without breaking a plugin. Resolved on first use (PEP 562):
+# importing rlinf_cli.api stays torch-free, and a plugin pays for torch only where it asks for it.
+_SURFACE: dict[str, tuple[str, str | None]] = {
+    # registration and errors
+    "hookimpl": ("rlinf_cli.hookspecs", "hookimpl"),
+    "UserError": ("rlinf_cli.errors", "UserError"),
+    "settings": ("rlinf_cli.settings", None),
+    "__version__": ("rlinf_cli", "__version__"),
+    "read_rows": ("rlinf_cli.data.jsonl", "read_rows"),
+    # models
+    **{n: ("rlinf_cli.policy", n) for n in
+       ("Policy", "ActOutput", "EvalOutput", "CONFIG_FILE", "MODEL_FILE", "read_model_config")},
+    **{n: ("rlinf_cli.runtime.engine", n) for n in ("fp32_matmuls", "onednn_bf16_active")},
+    # algorithms
+    **{n: ("rlinf_cli.algorithm", n) for n in
+       ("Algorithm", "MiniBatch", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
+        "clipped_surrogate", "masked_mean", "reference_kl")},
+    "Experience": ("rlinf_cli.experience", "Experience"),
+    # accelerators
+    "TorchBackend": ("rlinf_cli.accel", "TorchBackend"),
+    "select_accelerator": ("rlinf_cli.stages.common", "select_accelerator"),
+    # executors and hosted simulators
+    "placement": ("rlinf_cli.runtime.placement", None),
+    **{n: ("rlinf_cli.runtime.workers", n) for n in
+       ("EnvWorker", "EnvWorkerError", "RemoteError", "SharedObs", "WorkerDied", "WorkerVecEnv",
+        "hosted_vec_env", "last_line", "plan_layout", "worker_shards")},
+    "SyncVecEnv": ("rlinf_cli.runtime.vector", "SyncVecEnv"),
+    "SingleFromBatched": ("rlinf_cli.runtime.batched", "SingleFromBatched"),
+    "start_workers": ("rlinf_cli.runtime.procs", "start_workers"),
+    "wire": ("rlinf_cli.remote.wire", None),
+    **{n: ("rlinf_cli.remote.client", n) for n in
+       ("Endpoint", "RemoteEnv", "RemoteExpert", "open_workers", "server_info")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _SURFACE[name]
+    except KeyError:
+        raise AttributeError(f"module 'rlinf_cli.api' has no attribute '{name}'") from None
+    import importlib
+
+    value = importlib.import_module(module)
+    value = value if attr is None else getattr(value, attr)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SURFACE})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_cli.accel import TorchBackend
+from rlinf_cli.api import TorchBackend
 
 class Ascend(TorchBackend):
     """Huawei Ascend NPUs through ``torch_npu``, which installs ``torch.npu`` when imported

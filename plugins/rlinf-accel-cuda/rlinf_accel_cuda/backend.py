@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_cli.accel import TorchBackend
+from rlinf_cli.api import TorchBackend
 
 class CUDA(TorchBackend):
     """NVIDIA GPUs through ``torch.cuda`` of a CUDA build of torch (a ROCm build answers to

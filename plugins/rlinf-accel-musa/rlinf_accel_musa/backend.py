@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_cli.accel import TorchBackend
+from rlinf_cli.api import TorchBackend
 
 class MUSA(TorchBackend):
     """Moore Threads GPUs through ``torch_musa``, which installs ``torch.musa`` when imported.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_cli.accel import TorchBackend
+from rlinf_cli.api import TorchBackend
 
 class ROCm(TorchBackend):
     """AMD GPUs through a ROCm (HIP) build of torch. HIP keeps CUDA's Python API: the runtime is

@@ -7,9 +7,7 @@ from typing import Any
 
 import torch
 
-from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, masked_mean
-from rlinf_cli.errors import UserError
-from rlinf_cli.policy import Policy
+from rlinf_cli.api import Algorithm, MiniBatch, TrainConfig, masked_mean, UserError, Policy
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Entry point: registers the algorithms by name. Factories are imported on use."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

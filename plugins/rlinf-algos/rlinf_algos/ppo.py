@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, reference_kl
-from rlinf_cli.policy import EvalOutput
-from rlinf_cli.experience import Experience
+from rlinf_cli.api import (Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, reference_kl, EvalOutput,
+                           Experience)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_algos.grpo import GRPO, GRPOConfig
-from rlinf_cli.algorithm import TrainConfig
+from rlinf_cli.api import TrainConfig
 
 
 @dataclass(frozen=True)

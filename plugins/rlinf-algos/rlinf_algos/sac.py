@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from rlinf_cli.algorithm import Algorithm, RolloutSpec, TrainConfig, TransitionBatch
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import Algorithm, RolloutSpec, TrainConfig, TransitionBatch, UserError
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from rlinf_cli.api import Simulator, VecEnv
-from rlinf_cli.runtime import placement
-from rlinf_cli.runtime.vector import SyncVecEnv
-from rlinf_cli.runtime.workers import (EnvWorkerError, RemoteError, SharedObs, WorkerDied, WorkerVecEnv, hosted_vec_env,
-                                      last_line, plan_layout, worker_shards)
+from rlinf_cli.api import (Simulator, VecEnv, placement, SyncVecEnv, EnvWorkerError, RemoteError, SharedObs,
+                           WorkerDied, WorkerVecEnv, hosted_vec_env, last_line, plan_layout, worker_shards)
 
 # Below this many observation bytes per step, pickling through the pipe costs less than the
 # extra copy and bookkeeping of shared memory.
@@ -41,7 +38,7 @@ class LocalExecutor:
             return SyncVecEnv(simulator, range(num_envs), autoreset=autoreset)
         workers, stages, shards = plan_layout(rt, num_envs)
         shm = self._shared_memory(rt, simulator, num_envs)
-        from rlinf_cli.runtime.procs import start_workers
+        from rlinf_cli.api import start_workers
 
         per_worker = [worker_shards(shards, w) for w in range(workers)]
         try:

@@ -13,12 +13,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from rlinf_cli import settings
-from rlinf_cli.api import Simulator, VecEnv
-from rlinf_cli.errors import UserError
-from rlinf_cli.runtime import placement
-from rlinf_cli.runtime.workers import (EnvWorker, EnvWorkerError, RemoteError, WorkerDied, WorkerVecEnv, hosted_vec_env,
-                                      last_line, plan_layout, worker_shards)
+from rlinf_cli.api import (settings, Simulator, VecEnv, UserError, placement, EnvWorker, EnvWorkerError, RemoteError,
+                           WorkerDied, WorkerVecEnv, hosted_vec_env, last_line, plan_layout, worker_shards)
 
 
 @dataclass(frozen=True)

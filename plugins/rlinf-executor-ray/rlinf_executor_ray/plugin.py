@@ -1,4 +1,4 @@
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

@@ -28,10 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from rlinf_cli import settings
-from rlinf_cli.api import TEXT_SPEC, EnvSpec
-from rlinf_cli.errors import UserError
-from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, EvalOutput, Policy, read_model_config
+from rlinf_cli.api import (settings, TEXT_SPEC, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, EvalOutput, Policy,
+                           read_model_config)
 from rlinf_model_hf import presets, sampling
 
 HF_DIR = "hf"
@@ -185,7 +183,7 @@ class HFCausalLM(Policy):
 
     # -- persistence -----------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:
-        from rlinf_cli import __version__
+        from rlinf_cli.api import __version__
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Entry point: registers the model by name. The factory (torch, transformers) loads on use."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

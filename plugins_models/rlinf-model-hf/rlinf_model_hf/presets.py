@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import UserError
 
 SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>")
 # printable ASCII, newline and tab: every prompt and answer of the bundled text tasks

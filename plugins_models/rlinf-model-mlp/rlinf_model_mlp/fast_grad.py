@@ -40,7 +40,7 @@ def supported(policy: "MLPPolicy") -> bool:
 def applies(policy: "MLPPolicy", x: torch.Tensor, action: torch.Tensor) -> bool:
     """Whether this call can take it: gradients wanted, fp32 without autocast or oneDNN's bf16 mode,
     weights local (no ZeRO-3 hooks)."""
-    from rlinf_cli.runtime.engine import onednn_bf16_active
+    from rlinf_cli.api import onednn_bf16_active
 
     return (torch.is_grad_enabled() and x.dtype == torch.float32 and action.dtype == torch.float32
             and x.dim() == 2 and not torch.is_autocast_enabled(x.device.type) and not onednn_bf16_active()

@@ -22,11 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlinf_cli import settings
-from rlinf_cli.api import TASK_KEY, EnvSpec
-from rlinf_cli.errors import UserError
-from rlinf_cli.policy import ActOutput, EvalOutput, Policy
-from rlinf_cli.runtime.engine import fp32_matmuls, onednn_bf16_active
+from rlinf_cli.api import (settings, TASK_KEY, EnvSpec, UserError, ActOutput, EvalOutput, Policy, fp32_matmuls,
+                           onednn_bf16_active)
 
 from . import fast_grad
 from .fast_act import FastActor

@@ -39,10 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlinf_cli import settings
-from rlinf_cli.api import TASK_KEY, EnvSpec
-from rlinf_cli.errors import UserError
-from rlinf_cli.policy import CONFIG_FILE, MODEL_FILE, ActOutput, EvalOutput, Policy, read_model_config
+from rlinf_cli.api import (settings, TASK_KEY, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, ActOutput, EvalOutput,
+                           Policy, read_model_config)
 
 BACKBONE_DIR = "backbone"  # the LM's transformers config and tokenizer (weights live in model.safetensors)
 VISION_DIR = "vision"  # vision=hf: the vision model's transformers config
@@ -673,7 +671,7 @@ class VLAPolicy(Policy):
         ``vision/<key>/`` (vision=hf)."""
         from safetensors.torch import save_file
 
-        from rlinf_cli import __version__
+        from rlinf_cli.api import __version__
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ def lean_renderer(model: Any, height: int, width: int) -> Any:
     prepare_mujoco_gl()  # this may be a worker process that imported mujoco for another env
     import mujoco
 
-    from rlinf_cli.errors import UserError
+    from rlinf_cli.api import UserError
 
     model.vis.quality.offsamples = 0
     model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), width)

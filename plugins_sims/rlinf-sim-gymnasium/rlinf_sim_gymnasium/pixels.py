@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_cli.api import ArraySpec, Obs
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import ArraySpec, Obs, UserError
 
 
 def image_spec(size: int) -> ArraySpec:

@@ -13,9 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from rlinf_cli import settings
-from rlinf_cli.api import ArraySpec, EnvSpec, Obs
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import settings, ArraySpec, EnvSpec, Obs, UserError
 
 
 @dataclass(frozen=True)

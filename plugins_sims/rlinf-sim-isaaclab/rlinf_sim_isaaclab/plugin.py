@@ -1,6 +1,6 @@
 """Isaac Lab 3 as an rlinf simulator. Importing this module imports neither isaaclab nor torch."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

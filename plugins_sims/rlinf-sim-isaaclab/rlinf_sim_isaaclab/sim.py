@@ -42,9 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlinf_cli import settings
-from rlinf_cli.api import ArraySpec, EnvSpec
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import settings, ArraySpec, EnvSpec, UserError
 
 SUCCESS_MODES = ("auto", "time_out", "terminated", "none")
 # sim.success=auto: tasks whose success Isaac Lab itself defines as survival (its
@@ -270,7 +268,7 @@ class IsaacLabSimulator:
     def device(self) -> str:
         if self.cfg.device != "auto":
             return self.cfg.device
-        from rlinf_cli.stages.common import select_accelerator
+        from rlinf_cli.api import select_accelerator
 
         return str(select_accelerator("auto").device())
 
@@ -291,7 +289,7 @@ class IsaacLabSimulator:
         return IsaacLabBatch(self._build(len(indices)), self.cfg.state_group, self.success, self.cfg.action_bound)
 
     def make_env(self, index: int) -> Any:
-        from rlinf_cli.runtime.batched import SingleFromBatched
+        from rlinf_cli.api import SingleFromBatched
 
         return SingleFromBatched(self.spec, self.make_batched_env([index]))
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import UserError
 
 # rlinf observation key -> LIBERO camera name
 CAMERAS = {"rgb": "agentview", "wrist_rgb": "robot0_eye_in_hand"}

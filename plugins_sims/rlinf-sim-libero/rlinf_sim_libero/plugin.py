@@ -1,6 +1,6 @@
 """LIBERO as an rlinf simulator. Importing this module imports neither libero, robosuite nor mujoco."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

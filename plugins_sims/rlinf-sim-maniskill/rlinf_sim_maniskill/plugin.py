@@ -1,6 +1,6 @@
 """ManiSkill3 as an rlinf simulator. Importing this module imports neither mani_skill nor torch."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

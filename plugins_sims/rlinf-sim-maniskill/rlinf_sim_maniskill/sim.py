@@ -26,9 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from rlinf_cli import settings
-from rlinf_cli.api import ArraySpec, EnvSpec, Obs
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import settings, ArraySpec, EnvSpec, Obs, UserError
 
 OBS_MODES = ("state", "rgb", "state_rgb")
 REWARDS = ("normalized_dense", "dense", "sparse")

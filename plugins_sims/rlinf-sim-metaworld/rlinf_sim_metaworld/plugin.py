@@ -1,6 +1,6 @@
 """Meta-World as an rlinf simulator. Importing this module imports neither metaworld nor mujoco."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

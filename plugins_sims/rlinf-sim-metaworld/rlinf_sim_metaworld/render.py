@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import UserError
 
 # Cameras whose frame has the world's up axis pointing down in the image.
 UPSIDE_DOWN = {"corner", "corner2", "corner3", "corner4"}

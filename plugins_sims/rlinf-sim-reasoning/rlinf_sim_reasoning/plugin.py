@@ -1,6 +1,6 @@
 """Entry point: registers the text tasks (simulator kind, ``modality="text"``). Factories load on use."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

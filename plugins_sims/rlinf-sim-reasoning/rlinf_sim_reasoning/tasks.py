@@ -12,9 +12,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from rlinf_cli import settings
-from rlinf_cli.api import TEXT, TEXT_SPEC, Score, TextSample
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import settings, TEXT, TEXT_SPEC, Score, TextSample, UserError
 from rlinf_sim_reasoning import rewards
 
 EVAL_SEED_BASE = 1_000_000
@@ -150,7 +148,7 @@ class JsonlConfig(rewards.RewardConfig):
 
 
 def read_jsonl(path: str, question_key: str, answer_key: str) -> list[dict[str, Any]]:
-    from rlinf_cli.data.jsonl import read_rows
+    from rlinf_cli.api import read_rows
 
     return read_rows(path, (question_key, answer_key), "sim.path", "set sim.question_key / sim.answer_key")
 

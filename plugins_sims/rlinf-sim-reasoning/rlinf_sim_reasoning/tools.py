@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
-from rlinf_cli import settings
-from rlinf_cli.api import TextSample
+from rlinf_cli.api import settings, TextSample
 from rlinf_sim_reasoning import rewards
 from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, SingleTurnTask, evaluate_terms, held_out
 

@@ -13,9 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from rlinf_cli import settings
-from rlinf_cli.api import EnvSpec
-from rlinf_cli.errors import UserError
+from rlinf_cli.api import settings, EnvSpec, UserError
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,7 @@ class RemoteConfig:
 
 class RemoteSimulator:
     def __init__(self, cfg: Mapping[str, Any]):
-        from rlinf_cli.remote import wire
-        from rlinf_cli.remote.client import Endpoint, server_info
+        from rlinf_cli.api import wire, Endpoint, server_info
 
         self.cfg = settings.build(RemoteConfig, cfg, "sim")
         if not self.cfg.addresses:
@@ -70,13 +67,13 @@ class RemoteSimulator:
 
     # -- Simulator ---------------------------------------------------------------------------
     def make_env(self, index: int) -> Any:
-        from rlinf_cli.remote.client import RemoteEnv
+        from rlinf_cli.api import RemoteEnv
 
         ep = self.endpoints[index % len(self.endpoints)]
         return RemoteEnv(ep, index, self.spec.has_success, self.cfg.request_timeout_s)
 
     def expert(self) -> Any:
-        from rlinf_cli.remote.client import RemoteExpert
+        from rlinf_cli.api import RemoteExpert
 
         have = self.servers[0].get("expert")
         if have is True:
@@ -101,7 +98,7 @@ class RemoteSimulator:
 
     def connect_workers(self, shard_lists: Sequence[Sequence[tuple[int, int]]], autoreset: bool, codec: Any,
                         timeout_s: float) -> list[Any]:
-        from rlinf_cli.remote.client import open_workers
+        from rlinf_cli.api import open_workers
 
         return open_workers(self.endpoints, shard_lists, autoreset, codec, timeout_s, self.cfg.reconnect_s)
 

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_cli.algorithm import Algorithm, MiniBatch, TrainConfig, masked_mean
-from rlinf_cli.experience import Experience
-from rlinf_cli.policy import EvalOutput
+from rlinf_cli.api import Algorithm, MiniBatch, TrainConfig, masked_mean, Experience, EvalOutput
 
 
 @dataclass(frozen=True)

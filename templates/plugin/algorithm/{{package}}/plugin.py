@@ -1,6 +1,6 @@
 """Registers the algorithm. Keep this module light: torch is imported by the factory module only."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl

@@ -17,9 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from rlinf_cli.api import EnvSpec
-from rlinf_cli.errors import UserError
-from rlinf_cli.policy import ActOutput, EvalOutput, Policy
+from rlinf_cli.api import EnvSpec, UserError, ActOutput, EvalOutput, Policy
 
 
 def numeric_keys(env_spec: EnvSpec, wanted: Any) -> tuple[str, ...]:

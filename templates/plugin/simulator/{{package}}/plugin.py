@@ -1,6 +1,6 @@
 """Registers the simulator. Keep this module light: no simulator or torch imports here."""
 
-from rlinf_cli.hookspecs import hookimpl
+from rlinf_cli.api import hookimpl
 
 
 @hookimpl
