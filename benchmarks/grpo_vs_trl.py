@@ -6,8 +6,8 @@ per prompt with at most 4 new tokens at temperature 1, and take one AdamW step p
 eps 1e-5, grad-norm clip 1.0, no KL, no reference model, clip 0.2/0.28, token-level loss,
 group-std advantages). The two run interleaved step by step in one process: after each TRL step a
 callback runs one rlinf step, so load from other processes on a shared machine hits both alike.
-The rlinf step is the body of `rlinf rl`'s loop (rlinf_cli/stages/rl.py) with the text collector: the same
-collector `collect`, the one `update` and the same Engine, with the same prompt seeds, minus
+The rlinf step is the body of `rlinf rl`'s loop (rlinf_cli/stages/rl.py) with the text world: the same
+rollout `collect`, the one `update` and the same Engine, with the same prompt seeds, minus
 the per-iteration tracking. Reported per system: median seconds per step (sampling + update), median generated
 tokens/s (completion tokens / step time) and generation-phase tokens/s, and held-out greedy
 exact-match accuracy of the final model (the same evaluator and 300 held-out prompts for both).
@@ -46,20 +46,20 @@ def build_sft(workdir: Path, epochs: int) -> Path:
     return workdir / "sft" / "checkpoints" / "best"
 
 
-def _collector(seed: int):
-    """rlinf's text collector for the benchmark's task (what `rlinf rl` builds for sim=arithmetic)."""
+def _world(seed: int):
+    """rlinf's text world for the benchmark's task (what `rlinf rl` builds for sim=arithmetic)."""
     from types import SimpleNamespace
 
     from omegaconf import OmegaConf
 
-    from rlinf_cli.collectors.text import TextCollector
+    from rlinf_cli import collectors
 
     cfg = OmegaConf.create({"seed": seed, "num_envs": 8, "text": {"max_new_tokens": None}, "sim": dict(TASK)})
-    return TextCollector(cfg, SimpleNamespace(device="cpu"), cfg.sim)
+    return collectors.make(cfg, SimpleNamespace(device="cpu"), cfg.sim, text=True)
 
 
 def heldout_accuracy(policy, n: int) -> float:
-    return _collector(0).evaluate(policy, n, 1_000_000, examples=0).summary["accuracy"]
+    return _world(0).evaluator.evaluate(policy, n, 1_000_000, examples=0).summary["accuracy"]
 
 
 def step_prompts(seed: int, steps: int, groups: int) -> list[list]:
@@ -88,8 +88,8 @@ class RlinfStepper:
                                       "minibatch_size": a.prompts * a.group, "max_grad_norm": 1.0})
         self.engine = make_engine(self.policy, self.algo.optim, {"backend": "torch"})
         self.generator = torch.Generator().manual_seed(seed)
-        self.collector = _collector(seed)
-        self.collector.start(self.policy, self.algo, 0, 1, {"iteration": 0}, None)
+        self.world = _world(seed)
+        self.world.rollout.start(self.policy, self.algo, 0, 1, {"iteration": 0}, None)
         self.it = 0
         self.step_s: list[float] = []
         self.gen_s: list[float] = []
@@ -100,11 +100,11 @@ class RlinfStepper:
         from rlinf_cli.runtime.update import update
 
         t0 = time.perf_counter()
-        exp = self.collector.collect(self.policy, self.algo, self.it)
-        update(self.engine, self.algo, exp, self.collector, self.generator)
+        exp = self.world.rollout.collect(self.policy, self.algo, self.it)
+        update(self.engine, self.algo, exp, self.world.batches, self.generator)
         self.step_s.append(time.perf_counter() - t0)
-        stats = self.collector.metrics(exp, self.step_s[-1])
-        self.gen_s.append(self.collector._last.seconds)
+        stats = self.world.rollout.metrics(exp, self.step_s[-1])
+        self.gen_s.append(self.world.rollout._last.seconds)
         self.tokens.append(int(stats["rollout/generated_tokens"]))
         self.reward.append(stats["rollout/reward_mean"])
         self.it += 1

@@ -4,7 +4,7 @@ The settings of ``benchmarks/mujoco_vs_sb3.py``'s PPO (64x64 tanh actor and crit
 actions, lr 3e-4, max grad norm 0.5, value coefficient 0.5 of the MSE, no value clipping, no dual
 clip) on a task's observation and action sizes, one thread, in one process. rlinf's update is
 ``runtime/update.py``'s ``update`` on an ``Experience`` of random data through the embodied
-collector's own minibatching; SB3's is ``PPO.train()`` on a rollout buffer holding the same data.
+runtime's own minibatching (runtime/batches.py); SB3's is ``PPO.train()`` on a rollout buffer holding the same data.
 rlinf runs with its defaults and, for comparison, with the MLP's fused networks
 (``model.fast_grad``) and PPO's fused loss (``algo.fused_loss``) off. The variants run in
 interleaved blocks, in a shuffled order each round (this VM's speed drifts by 30% within
@@ -20,7 +20,6 @@ import os
 import random
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,9 +48,9 @@ def rlinf_updater(spec_env: Any, data: dict[str, np.ndarray], seed: int, fast: b
     from rlinf_algos.ppo import PPO
 
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
     from rlinf_cli.experience import Experience
     from rlinf_cli.registry import get_registry
+    from rlinf_cli.runtime.batches import SampleBatches
     from rlinf_cli.runtime.engine import make_engine
     from rlinf_cli.runtime.update import update
 
@@ -67,11 +66,9 @@ def rlinf_updater(spec_env: Any, data: dict[str, np.ndarray], seed: int, fast: b
     t = {k: torch.from_numpy(v) for k, v in data.items()}
     exp = Experience({"state": t["obs"]}, t["actions"], t["logprobs"], t["values"], t["rewards"], t["dones"],
                      torch.zeros(T, N), torch.ones(T, N), torch.zeros(N), env_steps=T * N)
-    collector = types.SimpleNamespace()  # the embodied collector's minibatching, on its own
-    collector.epochs = types.MethodType(EmbodiedCollector.epochs, collector)
-    collector._flatten = types.MethodType(EmbodiedCollector._flatten, collector)
+    batches = SampleBatches()  # an embodied world's minibatching, on its own
     generator = torch.Generator().manual_seed(seed)
-    return lambda: update(engine, algo, exp, collector, generator)
+    return lambda: update(engine, algo, exp, batches, generator)
 
 
 def sb3_updater(task: str, data: dict[str, np.ndarray], seed: int) -> Callable[[], None]:

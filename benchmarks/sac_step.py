@@ -8,7 +8,7 @@ The settings of ``benchmarks/mujoco_vs_sb3.py`` (batch 256, 256x256 ReLU (``--hi
 temperature, lr 3e-4) on a task's observation and action sizes, one thread, in one process.
 A gradient step here is what each library's training loop does per env step once learning has
 started, without the env step: rlinf's ``update_transitions`` (sample from its replay buffer
-through the embodied collector's ``sample``, forward, backward, Adam, Polyak) and SB3's
+through the runtime's replay ``sample`` (runtime/batches.py), forward, backward, Adam, Polyak) and SB3's
 ``SAC.train(gradient_steps=1)`` (the same, through its own replay buffer). Both buffers hold the
 same random transitions. The variants run in interleaved blocks, in a shuffled order each
 round, so that load drifts hit all of them; printed: the median over blocks (many short blocks:
@@ -54,8 +54,8 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
     from rlinf_algos.sac import SAC, SACConfig
 
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
     from rlinf_cli.registry import get_registry
+    from rlinf_cli.runtime.batches import ReplayStore, SampleBatches
     from rlinf_cli.runtime.engine import make_engine
     from rlinf_cli.runtime.replay import ReplayBuffer
     from rlinf_cli.runtime.update import update_transitions
@@ -76,15 +76,15 @@ def rlinf_stepper(task: str, data: dict[str, np.ndarray], bf16: bool, seed: int,
     replay = ReplayBuffer(spec, ["state"], capacity=FILL)
     replay.add({"state": data["obs"]}, data["actions"], data["rewards"], {"state": data["next_obs"]},
                data["terminated"])
-    # the embodied collector's own sample() on a stand-in holding only what it reads
-    collector = types.SimpleNamespace(_spec_rollout=algo.rollout_spec(), demos=None, replay=replay, normalizer=None,
-                                      ctx=types.SimpleNamespace(device=torch.device("cpu")))
-    collector.sample = types.MethodType(EmbodiedCollector.sample, collector)
+    # the runtime's own replay batches, on a store holding the filled buffer
+    spec_rollout = algo.rollout_spec()
+    batches = SampleBatches(torch.device("cpu"), ReplayStore(replay=replay, batch_size=spec_rollout.batch_size,
+                                                             demo_fraction=spec_rollout.demo_fraction))
     generator = torch.Generator().manual_seed(seed)
 
     def run(n: int) -> None:
-        collector.collected = lambda: FILL + n
-        update_transitions(engine, algo, types.SimpleNamespace(env_steps=n), collector, generator)
+        batches.collected = lambda: FILL + n
+        update_transitions(engine, algo, types.SimpleNamespace(env_steps=n), batches, generator)
 
     return run
 

@@ -47,7 +47,7 @@ def _summary(i: int) -> dict[str, float]:
 
 
 def test_eval_table_with_instructions_fits_80_columns():
-    from rlinf_cli.collectors.embodied import eval_table
+    from rlinf_cli.collectors.embodied_eval import eval_table
 
     tasks = ["pick-place-wall-v3", "button-press-topdown-v3", "door-open-v3"]
     rows = {f"best · {t}": _summary(i) for i, t in enumerate(tasks)}

@@ -121,11 +121,9 @@ def test_warm_up_of_a_model_that_declares_no_critic_is_refused(scaffold, cli, wo
 
 def test_update_refuses_a_critic_only_phase_with_no_critic_parameters() -> None:
     """The update itself (any caller, not only `rlinf rl`) refuses rather than stepping nothing."""
-    from types import SimpleNamespace
-
     from rlinf_algos.ppo import PPO
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
+    from rlinf_cli.runtime.batches import SampleBatches
     from rlinf_cli.errors import UserError
     from rlinf_cli.experience import Experience
     from rlinf_cli.policy import Policy
@@ -147,5 +145,5 @@ def test_update_refuses_a_critic_only_phase_with_no_critic_parameters() -> None:
     algo = PPO.from_config({"name": "ppo", "epochs": 1, "minibatch_size": 8})
     engine = make_engine(policy, algo.optim, {"backend": "torch"})
     with pytest.raises(UserError, match="declares no critic parameters"):
-        update(engine, algo, exp, EmbodiedCollector(SimpleNamespace(), SimpleNamespace(device="cpu")),
+        update(engine, algo, exp, SampleBatches(),
                torch.Generator().manual_seed(0), critic_only=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_cli.collectors.text import sample_completions, to_experience  # noqa: E402
+from rlinf_cli.collectors.text_sampling import sample_completions, to_experience  # noqa: E402
 from rlinf_sim_reasoning.tools import CalculatorTask  # noqa: E402
 
 

@@ -117,11 +117,9 @@ def test_parameters_that_sat_out_steps_keep_their_own_adam_step() -> None:
 def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
     # A pixel policy's CNN encoder is shared by actor and critic: a warm-up on the value loss
     # alone must not move it (it once turned a 100% cloned pixel policy into 0%).
-    from types import SimpleNamespace
-
     from rlinf_algos.ppo import PPO
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
+    from rlinf_cli.runtime.batches import SampleBatches
     from rlinf_cli.experience import Experience
     from rlinf_cli.runtime.engine import make_engine
     from rlinf_cli.runtime.update import update
@@ -142,9 +140,9 @@ def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
                      torch.randn(T, N, generator=g), torch.zeros(T, N), torch.zeros(T, N), torch.ones(T, N), torch.zeros(N))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     algo = PPO.from_config({"name": "ppo", "epochs": 2, "minibatch_size": 16})
-    collector = EmbodiedCollector(SimpleNamespace(), SimpleNamespace(device="cpu"))
+    batches = SampleBatches()
     engine = make_engine(policy, algo.optim, {"backend": "torch"})
-    update(engine, algo, exp, collector, torch.Generator().manual_seed(1), critic_only=True)
+    update(engine, algo, exp, batches, torch.Generator().manual_seed(1), critic_only=True)
     after = policy.state_dict()
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(k.startswith("critic.") for k in moved), moved
@@ -153,11 +151,9 @@ def test_critic_warm_up_leaves_everything_the_actor_reads_untouched() -> None:
 def _critic_warm_up(algo_config: dict) -> tuple[float, float, float]:
     """One critic-only update of a tiny MLP policy: (critic weight displacement, engine lr before,
     engine lr after)."""
-    from types import SimpleNamespace
-
     from rlinf_algos.ppo import PPO
     from rlinf_cli.api import ArraySpec, EnvSpec
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
+    from rlinf_cli.runtime.batches import SampleBatches
     from rlinf_cli.experience import Experience
     from rlinf_cli.runtime.engine import make_engine
     from rlinf_cli.runtime.update import update
@@ -177,7 +173,7 @@ def _critic_warm_up(algo_config: dict) -> tuple[float, float, float]:
     algo = PPO.from_config({"name": "ppo", "epochs": 1, "minibatch_size": 32, "lr": 1e-4, **algo_config})
     engine = make_engine(policy, algo.optim, {"backend": "torch"})
     lr0 = engine.lr
-    update(engine, algo, exp, EmbodiedCollector(SimpleNamespace(), SimpleNamespace(device="cpu")),
+    update(engine, algo, exp, SampleBatches(),
            torch.Generator().manual_seed(1), critic_only=True)
     moved = sum(float((p.detach() - b).abs().max()) for p, b in zip(policy.critic_parameters(), before))
     return moved, lr0, engine.lr

@@ -1,7 +1,8 @@
-"""Collectors: the world a policy acts in, for every stage (see base.py for the protocol).
+"""Worlds: what a policy acts in, for every stage (roles.py: the roles and their settings).
 
 :func:`make` is the one place that looks at a modality: a simulator registered with
-``modality="text"`` (a text task) gets the text collector, any other simulator the embodied one.
+``modality="text"`` (a text task) gets the text set of roles, any other simulator the embodied
+one. :func:`settings` is the one place that reads the composed config for them.
 """
 
 from __future__ import annotations
@@ -34,17 +35,48 @@ def check_pipeline(sim_node: Any) -> None:
                         "collect, sft, rl and eval (see docs/llm.md)")
 
 
+def settings(cfg: Any, device: Any) -> dict[str, Any]:
+    """Each role's settings from the composed config (keys a stage lacks take their defaults)."""
+    from rlinf_cli.collectors.embodied_env import transport_options
+    from rlinf_cli.collectors.roles import EnvSettings, EvalSettings, PolicySettings, RecordSettings, RolloutSettings
+    from rlinf_cli.settings import plain
+
+    get = cfg.get
+    text = get("text") or {}
+    env = get("env")
+    lerobot = get("lerobot")
+    new_tokens = (text.get("max_new_tokens") if text else None) or None
+    seed, num_envs = int(get("seed", 0)), int(get("num_envs", 8))
+    return {
+        "policy": PolicySettings(device, get("init"), get("resume"), get("init_action_std"), get("learn_action_std")),
+        "env": EnvSettings(plain(get("executor")) if get("executor") is not None else None,
+                           transport_options(get("runtime"), env), device),
+        "rollout": RolloutSettings(seed, num_envs, _int(get("total_steps")), _int(text.get("iterations") if text else None),
+                                   new_tokens, get("init"), get("demos"), plain(env) if env is not None else None,
+                                   bool((get("runtime") or {}).get("overlap_update", False)), bool(get("progress", True))),
+        "eval": EvalSettings(num_envs, new_tokens),
+        "record": RecordSettings(seed, num_envs, bool(get("deterministic", True)), float(get("action_noise", 0.0)),
+                                 float(get("epsilon", 0.0)), str(get("format", "rlinf")),
+                                 plain(lerobot) if lerobot is not None else None,
+                                 (get("sim") or {}).get("name"), int(text.get("samples", 1)) if text else 1,
+                                 new_tokens, get("text")),
+    }
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> Any:
-    """The collector for ``sim_node`` (default: ``cfg.sim``); ``text`` forces the text one (a
-    JSONL dataset without a known task)."""
+    """The :class:`~rlinf_cli.collectors.roles.World` for ``sim_node`` (default: ``cfg.sim``);
+    ``text`` forces the text one (a JSONL dataset without a known task)."""
     node = sim_node if sim_node is not None else cfg.get("sim")
+    s = settings(cfg, ctx.device)
+    from rlinf_cli.collectors.world import embodied_world, text_world  # torch: off the --help path
+
     if text if text is not None else modality(node) == "text":
-        from rlinf_cli.collectors.text import TextCollector
-
-        return TextCollector(cfg, ctx, node)
-    from rlinf_cli.collectors.embodied import EmbodiedCollector
-
-    return EmbodiedCollector(cfg, ctx, node)
+        return text_world(node, s, ctx)
+    return embodied_world(node, s, ctx)
 
 
 def dataset_source(path: str) -> tuple[bool, dict[str, Any] | None, str | None]:
@@ -52,7 +84,7 @@ def dataset_source(path: str) -> tuple[bool, dict[str, Any] | None, str | None]:
     dataset's own provenance: a JSONL file of prompt/completion pairs, or an rlinf dataset."""
     p = Path(str(path))
     if p.suffix in (".jsonl", ".json") and p.is_file():
-        from rlinf_cli.collectors.text import provenance_sim
+        from rlinf_cli.collectors.text_record import provenance_sim
 
         return (True, *provenance_sim(str(p)))
     from rlinf_cli.data import lerobot

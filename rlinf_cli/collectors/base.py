@@ -1,22 +1,5 @@
-"""The Collector protocol: everything a stage needs from "the world" its policy acts in.
-
-A stage never branches on the modality: it asks a collector (``rlinf_cli.collectors.make``
-picks it once, from the simulator's registration or the dataset's kind). Both collectors
-(``embodied.EmbodiedCollector``: simulator envs placed by an executor; ``text.TextCollector``:
-a language model's completions scored by a task) provide:
-
-- ``policy(source, model_node, spec, check)``, ``prepare_rl(policy, cfg)``: a policy from a
-  checkpoint or the model config, checked against this world;
-- ``budget(cfg)``, ``units(state)``, ``unit``: the size of an `rl` run and what it counts;
-- ``start(policy, algo, rank, world, state, saved)``: prepare collection (continue from the
-  arrays ``state()`` saved), returns notes; ``collect(policy, algo, iteration) -> Experience``;
-  ``epochs(exp, adv, ret, algo, generator)``: one iterable of minibatches per epoch;
-  ``logprobs(policy, exp)``: a reference policy's log-probs; ``metrics(exp, seconds)``, ``info(metrics)``;
-- ``evaluate(policy, episodes, seed, ...) -> Evaluation``, ``table(rows, title)``,
-  ``check_video(n, size)``;
-- ``dataset(path, val_fraction, seed)`` for `sft`; ``writer(...)``, ``record(...)``,
-  ``demos_summary(kept)`` for `collect`; ``close()``.
-"""
+"""What every world's roles share: the seeds of training segments and the result of an evaluation
+(the roles themselves: roles.py)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT_SPEC, Obs, StepBatch
-from rlinf_cli.collectors.text import pad_rows, read_pairs
+from rlinf_cli.collectors.text_sampling import pad_rows
 from rlinf_cli.data.dataset import Episode
+from rlinf_cli.data.jsonl import read_rows
 from rlinf_cli.errors import UserError
 
 
@@ -140,6 +141,11 @@ class EpisodeDataset:
 
     def describe(self) -> dict[str, Any]:
         return {"train_samples": int(len(self.train_idx)), "val_samples": int(len(self.val_idx))}
+
+
+def read_pairs(path: str, prompt_key: str, completion_key: str) -> list[tuple[str, str]]:
+    rows = read_rows(path, (prompt_key, completion_key), "dataset", "set text.prompt_key / text.completion_key", strings=True)
+    return [(row[prompt_key], row[completion_key]) for row in rows]
 
 
 class TextDataset:

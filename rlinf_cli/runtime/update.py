@@ -1,9 +1,10 @@
 """The one on-policy update: advantages once, then epochs of shuffled minibatches.
 
-Works for any :class:`~rlinf_cli.algorithm.Algorithm`, any policy and any collector: the
-algorithm supplies advantages and the loss, the collector cuts the experience into minibatches
-the policy can evaluate (flat samples for embodied policies, whole groups of completions for
-language models), the engine owns the optimizer step.
+Works for any :class:`~rlinf_cli.algorithm.Algorithm`, any policy and any world: the
+algorithm supplies advantages and the loss, a :class:`~rlinf_cli.runtime.batches.Batches`
+cuts the experience into minibatches the policy can evaluate (flat samples for embodied
+policies, whole groups of completions for language models) or samples its replay buffer, the
+engine owns the optimizer step. Nothing here calls back into the rollout.
 
 With small policies a PPO run's thousands of tiny gradient steps are bound by Python and per-op
 dispatch, so the loop stays lean: diagnostics are summed as one stacked tensor per step and
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from rlinf_cli.algorithm import Algorithm
+from rlinf_cli.runtime.batches import Batches, ReplayBatches
 from rlinf_cli.experience import Experience
 from rlinf_cli.policy import declared_critic
 
@@ -62,18 +64,18 @@ def _step(engine: Any, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> No
         stats["grad_norm"] = torch.as_tensor(norm, dtype=torch.float32)
 
 
-def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, generator: torch.Generator,
+def update(engine: Any, algo: Algorithm, exp: Experience, batches: Batches, generator: torch.Generator,
            critic_only: bool = False) -> dict[str, float]:
     """One training phase on ``exp``; returns mean diagnostics (``train/...``).
 
-    ``collector.epochs(exp, adv, ret, algo, generator)`` yields one iterable of minibatches per
+    ``batches.epochs(exp, adv, ret, algo, generator)`` yields one iterable of minibatches per
     epoch. ``critic_only`` trains the value loss alone, stepping :meth:`Policy.critic_parameters` (a
     critic warm-up under a cloned actor). Under torchrun every rank calls this on its own
     experience; the epoch diagnostics that decide early stopping are averaged over ranks so that
     all ranks run the same number of steps.
     """
     if algo.rollout == "transitions":
-        return update_transitions(engine, algo, exp, collector, generator)
+        return update_transitions(engine, algo, exp, batches, generator)
     policy = engine.module
     adv, ret = algo.advantages(exp)
     critic = {id(p) for p in declared_critic(policy, algo.name)} if critic_only else set()
@@ -86,9 +88,9 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
         engine.set_lr(warm_lr)
     policy.train()
     with engine.freeze(frozen):
-        for batches in collector.epochs(exp, adv, ret, algo, generator):
+        for minibatches in batches.epochs(exp, adv, ret, algo, generator):
             epoch = _Sums(run.names)
-            for mb in batches:
+            for mb in minibatches:
                 with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
                     out = policy.evaluate(mb.obs, mb.actions)
                     loss, stats = algo.loss(out, mb)
@@ -113,19 +115,19 @@ def update(engine: Any, algo: Algorithm, exp: Experience, collector: Any, genera
             "train/gradient_steps": float(run.count)}
 
 
-def update_transitions(engine: Any, algo: Algorithm, exp: Experience, collector: Any,
+def update_transitions(engine: Any, algo: Algorithm, exp: Experience, batches: ReplayBatches,
                        generator: torch.Generator) -> dict[str, float]:
     """The off-policy update: ``algo.gradient_steps(before, after)`` gradient steps (from the
-    collector's count of transitions before and after this rollout), each on a batch the collector
-    samples from its replay buffer (``collector.sample``), then ``algo.after_step`` (target networks)."""
+    count of replayed transitions before and after this rollout), each on a batch sampled from
+    the replay buffer (``batches.sample``), then ``algo.after_step`` (target networks)."""
     policy = engine.module
-    collected = collector.collected()
+    collected = batches.collected()
     steps = algo.gradient_steps(collected - exp.env_steps, collected)
     run = _Sums()
     if steps:  # the warm-up's iterations train nothing: no switch to training mode
         _set_training(policy, True)
     for _ in range(steps):
-        batch = collector.sample(algo, generator)
+        batch = batches.sample(algo, generator)
         with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
             loss, stats = algo.transition_loss(policy, batch)
         _step(engine, loss, stats)

@@ -27,30 +27,30 @@ def _run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli.progress import Progress
 
     ctx = common.start(cfg, "collect", f"{cfg.sim.name}-{str(cfg.policy).rstrip('/').split('/')[-1]}")
-    collector = collectors.make(cfg, ctx)
+    world = collectors.make(cfg, ctx)
     provenance = {
         "sim": OmegaConf.to_container(cfg.sim, resolve=True), "sim_choice": cfg.choices.get("sim"),
         "policy": str(cfg.policy), "seed": int(cfg.seed), "action_noise": float(cfg.action_noise),
         "epsilon": float(cfg.epsilon), "rlinf_version": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    writer = collector.writer(str(cfg.output), provenance, int(cfg.chunk_episodes))
+    writer = world.recorder.writer(str(cfg.output), provenance, int(cfg.chunk_episodes))
     want = int(cfg.episodes)
     try:  # whatever fails from here on, the dataset keeps what it had and is released
         with ctx.track(cfg, common.plugin_tags(cfg)) as tracker, \
                 Progress(ctx.log, f"collect {cfg.policy}", want, "episodes", enabled=bool(cfg.progress)) as progress:
             tracker.log_params(flatten(cfg))
             try:
-                kept = collector.record(writer, str(cfg.policy), want, bool(cfg.only_success), progress)
+                kept = world.recorder.record(writer, str(cfg.policy), want, bool(cfg.only_success), progress)
             finally:
                 progress.close()
                 writer.close()  # finished episodes are never lost
-            summary = collector.demos_summary(kept)
+            summary = world.recorder.demos_summary(kept)
             tracker.log_metrics({f"collect/{k}": v for k, v in summary.items()}, 0)
             tracker.log_artifact(writer.meta_path, "dataset")
-            result = {"stage": "collect", "modality": collector.modality, "dataset": str(writer.path),
+            result = {"stage": "collect", "modality": world.modality, "dataset": str(writer.path),
                       "episodes_added": len(kept), "episodes_total": writer.episodes_written, "run_dir": str(ctx.run_dir),
                       "seconds": round(time.time() - ctx.started, 2), "summary": summary, "mlflow_run_id": tracker.run_id}
-            table = collector.table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
+            table = world.evaluator.table({f"{cfg.policy}": summary}, f"rlinf collect -> {writer.path}")
             common.write_result(ctx, tracker, result, table)
             ctx.note(f"dataset: {writer.path} ({writer.episodes_written} episodes in total)")
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM
@@ -60,7 +60,7 @@ def _run(cfg: Any) -> dict[str, Any]:
         raise
     finally:
         writer.close()
-        collector.close()
+        world.close()
     if not kept:
         raise UserError("no episode was kept; nothing was added to the dataset")
     return result

@@ -231,18 +231,19 @@ def load_algorithm(cfg: Any, stage: str) -> Any:
 
 
 def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, state: dict[str, Any] | None = None,
-                    generator: Any = None, collector: Any = None, rank: int = 0) -> Path:
-    """A resumable checkpoint: every rank hands in its collector state and RNGs (rank 0 writes
-    them), and the engine its optimizer state; the policy's weights come whole from rank 0."""
+                    generator: Any = None, rollout: Any = None, rank: int = 0) -> Path:
+    """A resumable checkpoint: every rank hands in its rollout's state and RNGs (rank 0 writes
+    them, and the rollout's files: normalization statistics), and the engine its optimizer
+    state; the policy's weights come whole from rank 0."""
     from rlinf_cli import checkpoint as ckpt
     from rlinf_cli.runtime.engine import gather_to_first
 
-    mine: dict[str, Any] = dict(collector.state()) if collector is not None and state is not None else {}
+    mine: dict[str, Any] = dict(rollout.state()) if rollout is not None and state is not None else {}
     if rank > 0 and state is not None:
         mine.update({f"rng.{k}": v for k, v in ckpt.rng_state(generator).items()})
     states = gather_to_first(mine) if state is not None else []
     return ckpt.save(path, policy, cfg_yaml, engine, state, generator, states if any(states) else None, rank,
-                     getattr(collector, "save_files", None))
+                     rollout.save_files if rollout is not None else None)
 
 
 def stopped(exc: BaseException, saved: str) -> None:
@@ -255,7 +256,7 @@ def stopped(exc: BaseException, saved: str) -> None:
 
 def resume(path: Path, engine: Any, generator: Any, rank: int) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
     """Load a checkpoint's progress, optimizer and RNGs; returns (progress state, this rank's saved
-    collector arrays or None)."""
+    rollout arrays or None)."""
     import torch
 
     from rlinf_cli import checkpoint as ckpt

@@ -30,29 +30,30 @@ def _run(cfg: Any) -> dict[str, Any]:
     model_registry.check_options(cfg, source)
     label = Path(source).name if source not in ("random", "expert") else source
     ctx = common.start(cfg, "eval", f"{cfg.sim.name}-{label}")
-    collector = collectors.make(cfg, ctx)
+    world = collectors.make(cfg, ctx)
     video = int(cfg.get("video", 0) or 0)
-    collector.check_video(video, int(cfg.get("video_size", 256)))  # cannot render: say so before any episode
-    policy = source if source in ("random", "expert") else collector.policy(source)
+    world.evaluator.check_video(video, int(cfg.get("video_size", 256)))  # cannot render: say so before any episode
+    policy = source if source in ("random", "expert") else world.policies.policy(source)
     n, text = int(cfg.episodes), cfg.get("text") or {}
     with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.checkpoint": source,
-                         "rlinf.modality": collector.modality}) as tracker, \
+                         "rlinf.modality": world.modality}) as tracker, \
             Progress(ctx.log, "eval", n, "episodes", enabled=bool(cfg.progress)) as progress:
         tracker.log_params(flatten(cfg))
-        ev = collector.evaluate(policy, n, int(cfg.seed), bool(cfg.deterministic), label=label,
-                                on_batch=progress.update, pass_k=int(text.get("pass_k", 0)),
-                                batch=int(text.get("batch", 64)), examples=int(text.get("examples", 8)),
-                                video=video, video_dir=ctx.run_dir / "videos", video_size=int(cfg.get("video_size", 256)))
+        ev = world.evaluator.evaluate(policy, n, int(cfg.seed), bool(cfg.deterministic), label=label,
+                                      on_batch=progress.update, pass_k=int(text.get("pass_k", 0)),
+                                      batch=int(text.get("batch", 64)), examples=int(text.get("examples", 8)),
+                                      video=video, video_dir=ctx.run_dir / "videos",
+                                      video_size=int(cfg.get("video_size", 256)))
         progress.close()
         for f in ev.extra.get("videos", []):
             tracker.log_artifact(Path(f), "videos")
         tracker.log_metrics(ev.metrics, 0)
-        result = {"stage": "eval", "modality": collector.modality, "checkpoint": source, "run_dir": str(ctx.run_dir),
+        result = {"stage": "eval", "modality": world.modality, "checkpoint": source, "run_dir": str(ctx.run_dir),
                   "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary, **ev.extra,
                   "mlflow_run_id": tracker.run_id}
-        title = f"rlinf eval: {collector.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})"
+        title = f"rlinf eval: {world.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})"
         told = ev.extra.get("instructions")  # language-conditioned simulators: what each row's episodes were told
-        table = collector.table(ev.rows, title, instructions=told) if told else collector.table(ev.rows, title)
+        table = world.evaluator.table(ev.rows, title, instructions=told) if told else world.evaluator.table(ev.rows, title)
         if (cfg.get("register") or {}).get("name"):  # opt-in: the MLflow model registry
             result["registry"] = model_registry.register(tracker, source, ev.extra.get("task_mean") or ev.summary, cfg,
                                                          common.table_text(table))

@@ -2,8 +2,9 @@
 
 start -> resume -> per iteration: collect -> update (advantages, epochs of minibatches on the
 engine) -> log / evaluate / checkpoint -> final checkpoint and evaluation. What differs between
-an embodied simulator and a text task lives in the collector (``rlinf_cli.collectors``); what
-differs between algorithms in the algorithm; where training runs in the engine.
+an embodied simulator and a text task lives in the world's roles (``rlinf_cli.collectors``: its
+rollout, batches, evaluator); what differs between algorithms in the algorithm; where training
+runs in the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Run:
     cfg: Any
     ctx: Any
     algo: Any
-    collector: Any
+    world: Any  # rlinf_cli.collectors.roles.World
     policy: Any
     engine: Any
     generator: Any
@@ -43,11 +44,11 @@ class Run:
     @property
     def done(self) -> float:
         """Fraction of the budget used (the unit of the learning-rate schedule)."""
-        return self.collector.units(self.state) / self.collector.budget(self.cfg)
+        return self.world.rollout.units(self.state) / self.world.rollout.budget()
 
     def step(self) -> int:
         """The x axis of every metric: env steps (embodied) or iterations (text)."""
-        return int(self.collector.units(self.state))
+        return int(self.world.rollout.units(self.state))
 
 
 def model_config(cfg: Any, algo: Any) -> Any:
@@ -89,11 +90,11 @@ def setup(cfg: Any) -> Run:
     rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}",
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
-    collector = collectors.make(cfg, ctx)
-    collector.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
-    algo.check(collector.spec)
-    policy = collector.policy(cfg.resume or cfg.init, model_config(cfg, algo))
-    collector.prepare_rl(policy, cfg)
+    world = collectors.make(cfg, ctx)
+    world.evaluator.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
+    algo.check(world.spec)
+    policy = world.policies.policy(cfg.resume or cfg.init, model_config(cfg, algo))
+    world.policies.prepare_rl(policy)
     if algo.uses_critic and not policy.has_critic:
         raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
     if algo.uses_q and not getattr(policy, "has_q", False):
@@ -109,11 +110,11 @@ def setup(cfg: Any) -> Run:
         # a resumed run keeps its reference: the init= policy it started from, not the resumed weights
         start = policy
         if cfg.resume and cfg.init:
-            start = collector.policy(cfg.init, model_config(cfg, algo))
-            collector.prepare_rl(start, cfg, fresh=True)
+            start = world.policies.policy(cfg.init, model_config(cfg, algo))
+            world.policies.prepare_rl(start, fresh=True)
         reference = copy.deepcopy(start).eval().requires_grad_(False)
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
-    run = Run(cfg, ctx, algo, collector, policy, engine, generator, rank, world,
+    run = Run(cfg, ctx, algo, world, policy, engine, generator, rank, world,
               {"iteration": 0, "env_steps": 0}, reference=reference)
     if resume_dir is not None:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
@@ -143,16 +144,16 @@ def iterate(run: Run) -> dict[str, float]:
     it = run.state["iteration"]
     run.engine.schedule(run.done)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    exp = run.collector.collect(run.policy, run.algo, it)
+    exp = run.world.rollout.collect(run.policy, run.algo, it)
     if run.reference is not None:
-        exp.ref_logprobs = run.collector.logprobs(run.reference, exp)
+        exp.ref_logprobs = run.world.rollout.logprobs(run.reference, exp)
     t_rollout = time.perf_counter() - t0
-    metrics = update(run.engine, run.algo, exp, run.collector, run.generator,
+    metrics = update(run.engine, run.algo, exp, run.world.batches, run.generator,
                      critic_only=run.algo.critic_only(it, bool(run.cfg.init)))
     t_update = time.perf_counter() - t0 - t_rollout
     run.state["iteration"] = it + 1
     run.state["env_steps"] += exp.env_steps * run.world  # every rank collected its own
-    metrics.update(run.collector.metrics(exp, t_rollout + t_update))
+    metrics.update(run.world.rollout.metrics(exp, t_rollout + t_update))
     metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/step_s": t_rollout + t_update,
                     "time/cpu_s": time.process_time() - cpu0,  # this process only: contention shows beside wall time
                     "iteration": float(it + 1), "env_steps": float(run.state["env_steps"]), "lr": run.engine.lr})
@@ -167,7 +168,7 @@ def checkpoint(run: Run, name: str) -> Path:
     run.tracker.flush()
     try:
         return common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
-                                      {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.collector,
+                                      {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.world.rollout,
                                       run.rank)
     except ckpt.CheckpointWriteError as exc:  # the run ends here: say where it can go on from
         last = ckpt.latest(run.ctx.run_dir / "checkpoints")
@@ -185,11 +186,12 @@ def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:
     episodes, seed = (validation_episodes(cfg), int(cfg.eval.val_seed)) if kind == "validation" else \
         (int(cfg.eval.episodes), int(cfg.eval.seed))
     policy = str(run.ctx.run_dir / "checkpoints" / "best") if kind == "best" else run.policy
-    ev = run.collector.evaluate(policy, episodes, seed, bool(cfg.eval.get("deterministic", True)),
-                                label=f"{cfg.algo.name} ({kind})" if kind else str(cfg.algo.name),
-                                examples=0 if kind else int((cfg.get("text") or {}).get("examples", 8)),
-                                video=0 if kind else int(cfg.eval.get("video", 0) or 0),
-                                video_dir=run.ctx.run_dir / "videos" / tag, video_size=int(cfg.eval.get("video_size", 256)))
+    ev = run.world.evaluator.evaluate(policy, episodes, seed, bool(cfg.eval.get("deterministic", True)),
+                                      label=f"{cfg.algo.name} ({kind})" if kind else str(cfg.algo.name),
+                                      examples=0 if kind else int((cfg.get("text") or {}).get("examples", 8)),
+                                      video=0 if kind else int(cfg.eval.get("video", 0) or 0),
+                                      video_dir=run.ctx.run_dir / "videos" / tag,
+                                      video_size=int(cfg.eval.get("video_size", 256)))
     for f in ev.extra.get("videos", []):
         run.tracker.log_artifact(Path(f), f"videos/{tag}")
     return ev
@@ -239,9 +241,7 @@ def save_best(run: Run, best: dict[str, Any]) -> None:
     from rlinf_cli import checkpoint as ckpt
 
     def write(tmp: Path) -> None:
-        save_files = getattr(run.collector, "save_files", None)
-        if save_files is not None:  # normalization statistics: the policy expects them
-            save_files(tmp)
+        run.world.rollout.save_files(tmp)  # normalization statistics: the policy expects them
         (tmp / BEST_FILE).write_text(json.dumps(best))
 
     ckpt.save(run.ctx.run_dir / "checkpoints" / "best", run.policy, run.cfg_yaml, rank=run.rank, write_files=write)
@@ -285,16 +285,16 @@ def train(run: Run, progress: Any) -> None:
     cfg, state = run.cfg, run.state
     interval, eval_every = max(1, int(cfg.checkpoint.interval)), int(cfg.eval.interval)
     best = bool(cfg.eval.get("best"))
-    total = run.collector.budget(cfg)
+    total = run.world.rollout.budget()
     try:
-        for line in run.collector.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
+        for line in run.world.rollout.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
             run.ctx.note(line)
         if eval_every and state["iteration"] == 0:  # where the curve starts (with eval.best: the start is a candidate)
             if best:
                 run.tracker.log_metrics(keep_best(run) | {"iteration": 0.0}, 0)
             elif run.rank == 0:
                 run.tracker.log_metrics(evaluate(run, "iter_000000").metrics | {"iteration": 0.0}, 0)
-        while run.collector.units(state) < total:
+        while run.world.rollout.units(state) < total:
             before = run.step()
             metrics = iterate(run)
             if eval_every and state["iteration"] % eval_every == 0:
@@ -303,7 +303,7 @@ def train(run: Run, progress: Any) -> None:
                 elif run.rank == 0:
                     metrics.update(evaluate(run, f"iter_{state['iteration']:06d}").metrics)
             run.tracker.log_metrics(metrics, run.step())
-            info = run.collector.info(metrics)
+            info = run.world.rollout.info(metrics)
             progress.update(run.step() - before, f"iter {state['iteration']}" + (f"  {info}" if info else ""))
             if state["iteration"] % interval == 0:
                 checkpoint(run, f"iter_{state['iteration']:06d}")
@@ -321,7 +321,7 @@ def train(run: Run, progress: Any) -> None:
         raise EnvWorkerError(f"{exc}: rlinf rl resume={last}" if last else f"{exc} (none was written yet: start the run again)",
                              server_lost=True) from exc
     finally:
-        run.collector.close()
+        run.world.close()
     progress.close()
 
 
@@ -337,11 +337,11 @@ def finish(run: Run) -> dict[str, Any]:
     shutdown()
     summary = ev.summary if ev is not None else {}
     run.tracker.log_metrics({k: v for k, v in (ev.metrics if ev else {}).items()}, run.step())
-    result = {"stage": "rl", "modality": run.collector.modality, "run_dir": str(ctx.run_dir),
+    result = {"stage": "rl", "modality": run.world.modality, "run_dir": str(ctx.run_dir),
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
               "backend": run.engine.backend, "world_size": run.world, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, "mlflow_run_id": run.tracker.run_id}
-    rows = {f"{cfg.algo.name} ({run.step():,} {run.collector.unit})": summary}
+    rows = {f"{cfg.algo.name} ({run.step():,} {run.world.unit})": summary}
     best = run.state.get("best")
     if best is not None and run.rank == 0:  # the kept policy, on the same held-out seeds as the final one
         best_dir = ctx.run_dir / "checkpoints" / "best"
@@ -354,12 +354,12 @@ def finish(run: Run) -> dict[str, Any]:
             rows[f"{cfg.algo.name} best (iteration {best['iteration']})"] = best_ev.summary
     if (ctx.run_dir / "videos").is_dir():
         result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
-    x = "env_steps" if run.collector.unit == "steps" else "iteration"
-    table = run.collector.table(rows, f"rlinf rl: {run.collector.label}") if summary else None  # eval.episodes=0: no table
+    x = "env_steps" if run.world.unit == "steps" else "iteration"
+    table = run.world.evaluator.table(rows, f"rlinf rl: {run.world.label}") if summary else None  # eval.episodes=0: no table
     common.write_result(ctx, run.tracker, result, table,
                         (x, ["rollout/return_mean", "rollout/success_once", "rollout/reward_mean", "eval/return_mean",
                              "eval/accuracy", "val/success_once", "val/accuracy"],
-                         f"rlinf rl {cfg.algo.name} on {run.collector.label}"),
+                         f"rlinf rl {cfg.algo.name} on {run.world.label}"),
                         ev, show=run.rank == 0)
     if run.rank == 0:
         ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
@@ -394,10 +394,10 @@ def run(cfg: Any) -> dict[str, Any]:
     try:
         r = setup(cfg)
         r.cfg_yaml = to_yaml(cfg)
-        tags = {**common.plugin_tags(cfg), "rlinf.modality": r.collector.modality, "rlinf.backend": r.engine.backend}
+        tags = {**common.plugin_tags(cfg), "rlinf.modality": r.world.modality, "rlinf.backend": r.engine.backend}
         resumed = {"resume_run_id": r.state.get("mlflow_run_id"), "resume_step": r.step()} if cfg.resume else {}
         with r.ctx.track(cfg, tags, **resumed) as r.tracker, \
-                Progress(r.ctx.log, f"rl {cfg.algo.name}", r.collector.budget(cfg), r.collector.unit,
+                Progress(r.ctx.log, f"rl {cfg.algo.name}", r.world.rollout.budget(), r.world.unit,
                          enabled=bool(cfg.progress)) as progress:
             progress.done = float(r.step())
             r.tracker.log_params({**flatten(cfg), "train.precision_used": r.engine.precision})  # measured, not asked

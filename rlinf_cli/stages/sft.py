@@ -32,11 +32,11 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     accel = common.select_accelerator(cfg.accelerator.name)
     rank, _ = setup_ranks(cfg, accel)
     ctx = common.start(cfg, "sft", f"{(sim_node or {}).get('name', 'dataset')}-{cfg.model.name}", accel=accel)
-    collector = collectors.make(cfg, ctx, sim_node, text=text)
-    data = collector.dataset(str(cfg.dataset), float(cfg.val_fraction), int(cfg.seed))
+    world = collectors.make(cfg, ctx, sim_node, text=text)
+    data = world.recorder.dataset(str(cfg.dataset), float(cfg.val_fraction), int(cfg.seed))
     algo.check(data.spec)
-    policy = collector.policy(cfg.init, cfg.model, data.spec, check=False)  # the dataset checks it
-    if getattr(collector, "normalizer", None) is not None:
+    policy = world.policies.policy(cfg.init, cfg.model, data.spec, check=False)  # the dataset checks it
+    if world.policies.normalizer is not None:
         raise UserError(f"init={cfg.init} was trained on normalized observations (env.normalize_obs); `rlinf sft` "
                         f"trains on the dataset's raw observations: start from a checkpoint without statistics")
     data.prepare(policy, ctx.note)
@@ -44,7 +44,7 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     note = precision_note(engine)
     if note:
         ctx.note(note)
-    return ctx, algo, collector, data, policy, engine, rank
+    return ctx, algo, world, data, policy, engine, rank
 
 
 def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tracker: Any, progress: Any,
@@ -109,13 +109,13 @@ def run(cfg: Any) -> dict[str, Any]:
         raise
 
 
-def _run(cfg: Any, ctx: Any, algo: Any, collector: Any, data: Any, policy: Any, engine: Any, rank: int) -> dict[str, Any]:
+def _run(cfg: Any, ctx: Any, algo: Any, world: Any, data: Any, policy: Any, engine: Any, rank: int) -> dict[str, Any]:
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
     from rlinf_cli.runtime.engine import shutdown
 
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
-    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": collector.modality}) as tracker, \
+    with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": world.modality}) as tracker, \
             Progress(ctx.log, f"sft {cfg.model.name}", total_steps, "steps", enabled=bool(cfg.progress)) as progress:
         tracker.log_params({**flatten(cfg), "train.precision_used": engine.precision})  # measured, not asked
         if data.meta_file is not None:
@@ -124,16 +124,17 @@ def _run(cfg: Any, ctx: Any, algo: Any, collector: Any, data: Any, policy: Any, 
         best_dir = ctx.run_dir / "checkpoints" / "best"
         ev = None
         if int(cfg.eval.episodes) > 0 and cfg.get("sim") and rank == 0:  # in the dataset's simulator or task
-            ev = collector.evaluate(collector.policy(str(best_dir)), int(cfg.eval.episodes), int(cfg.eval.seed),
-                                    bool(cfg.eval.deterministic), label=f"sft {cfg.model.name} (best epoch {best[1]})")
+            ev = world.evaluator.evaluate(world.policies.policy(str(best_dir)), int(cfg.eval.episodes),
+                                         int(cfg.eval.seed), bool(cfg.eval.deterministic),
+                                         label=f"sft {cfg.model.name} (best epoch {best[1]})")
             tracker.log_metrics(ev.metrics, best[1])
         engine.close()
         shutdown()
-        result = {"stage": "sft", "modality": collector.modality, "run_dir": str(ctx.run_dir),
+        result = {"stage": "sft", "modality": world.modality, "run_dir": str(ctx.run_dir),
                   "checkpoint": str(best_dir), "best_epoch": best[1], "best_loss": best[0], **data.describe(),
                   "seconds": round(time.time() - ctx.started, 2), "eval": ev.summary if ev else {},
                   "mlflow_run_id": tracker.run_id}
-        table = collector.table(ev.rows, "rlinf sft") if ev is not None and ev.summary else None
+        table = world.evaluator.table(ev.rows, "rlinf sft") if ev is not None and ev.summary else None
         common.write_result(ctx, tracker, result, table, ("epoch", ["train/loss", "val/loss"], "rlinf sft"), ev)
         ctx.note(f"run: {ctx.run_dir}  best checkpoint: {best_dir} (epoch {best[1]}, loss {best[0]:.4f})")
     return result
