@@ -34,7 +34,7 @@ class Run:
     engine: Any
     generator: Any
     rank: int
-    world: int
+    world_size: int
     state: dict[str, Any]
     saved: Any = None
     reference: Any = None
@@ -87,7 +87,7 @@ def setup(cfg: Any) -> Run:
         read_meta(Path(str(cfg.demos)))
     resume_dir = Path(cfg.resume) if cfg.resume else None
     accel = common.select_accelerator(cfg.accelerator.name)
-    rank, world = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
+    rank, world_size = setup_ranks(cfg, accel)  # (0, 1) unless torchrun or train.backend=deepspeed
     ctx = common.start(cfg, "rl", f"{cfg.sim.name}-{cfg.algo.name}",
                        common.resumed_run_dir(cfg, resume_dir) if rank == 0 else None, accel)
     world = collectors.make(cfg, ctx)
@@ -114,7 +114,7 @@ def setup(cfg: Any) -> Run:
             world.policies.prepare_rl(start, fresh=True)
         reference = copy.deepcopy(start).eval().requires_grad_(False)
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
-    run = Run(cfg, ctx, algo, world, policy, engine, generator, rank, world,
+    run = Run(cfg, ctx, algo, world, policy, engine, generator, rank, world_size,
               {"iteration": 0, "env_steps": 0}, reference=reference)
     if resume_dir is not None:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
@@ -152,7 +152,7 @@ def iterate(run: Run) -> dict[str, float]:
                      critic_only=run.algo.critic_only(it, bool(run.cfg.init)))
     t_update = time.perf_counter() - t0 - t_rollout
     run.state["iteration"] = it + 1
-    run.state["env_steps"] += exp.env_steps * run.world  # every rank collected its own
+    run.state["env_steps"] += exp.env_steps * run.world_size  # every rank collected its own
     metrics.update(run.world.rollout.metrics(exp, t_rollout + t_update))
     metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "time/step_s": t_rollout + t_update,
                     "time/cpu_s": time.process_time() - cpu0,  # this process only: contention shows beside wall time
@@ -287,7 +287,7 @@ def train(run: Run, progress: Any) -> None:
     best = bool(cfg.eval.get("best"))
     total = run.world.rollout.budget()
     try:
-        for line in run.world.rollout.start(run.policy, run.algo, run.rank, run.world, state, run.saved):
+        for line in run.world.rollout.start(run.policy, run.algo, run.rank, run.world_size, state, run.saved):
             run.ctx.note(line)
         if eval_every and state["iteration"] == 0:  # where the curve starts (with eval.best: the start is a candidate)
             if best:
@@ -339,7 +339,7 @@ def finish(run: Run) -> dict[str, Any]:
     run.tracker.log_metrics({k: v for k, v in (ev.metrics if ev else {}).items()}, run.step())
     result = {"stage": "rl", "modality": run.world.modality, "run_dir": str(ctx.run_dir),
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
-              "backend": run.engine.backend, "world_size": run.world, "seconds": round(time.time() - ctx.started, 2),
+              "backend": run.engine.backend, "world_size": run.world_size, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, "mlflow_run_id": run.tracker.run_id}
     rows = {f"{cfg.algo.name} ({run.step():,} {run.world.unit})": summary}
     best = run.state.get("best")
