@@ -12,14 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_cli.collectors.base import Evaluation, training_seeds
+from rlinf_cli.collectors.embodied_env import transport_options
+from rlinf_cli.collectors.roles import (EnvSettings, EvalSettings, PolicySettings, RecordSettings, RoleSettings,
+                                        RolloutSettings, World)
+from rlinf_cli.data import lerobot
+from rlinf_cli.data.dataset import read_meta
+from rlinf_cli.errors import UserError
+from rlinf_cli.registry import get_registry
+from rlinf_cli.settings import plain
 
-__all__ = ["Evaluation", "check_pipeline", "make", "dataset_source", "training_seeds"]
+__all__ = ["Evaluation", "World", "check_pipeline", "make", "dataset_source", "settings", "training_seeds"]
 
 
 def modality(sim_node: Any) -> str:
     """``"text"`` or ``"embodied"``, from the simulator's registration (no import of the plugin)."""
-    from rlinf_cli.registry import get_registry
-
     name = sim_node.get("name") if sim_node is not None and hasattr(sim_node, "get") else None
     if not name:
         return "embodied"
@@ -29,45 +35,41 @@ def modality(sim_node: Any) -> str:
 def check_pipeline(sim_node: Any) -> None:
     """`rlinf pipeline` compares random, expert, clone and RL policies on episodes: embodied only."""
     if modality(sim_node) == "text":
-        from rlinf_cli.errors import UserError
-
         raise UserError(f"`rlinf pipeline` runs embodied simulators; for the text task '{sim_node.get('name')}' run "
                         "collect, sft, rl and eval (see docs/llm.md)")
 
 
-def settings(cfg: Any, device: Any) -> dict[str, Any]:
+def settings(cfg: Any, device: Any) -> RoleSettings:
     """Each role's settings from the composed config (keys a stage lacks take their defaults)."""
-    from rlinf_cli.collectors.embodied_env import transport_options
-    from rlinf_cli.collectors.roles import EnvSettings, EvalSettings, PolicySettings, RecordSettings, RolloutSettings
-    from rlinf_cli.settings import plain
-
     get = cfg.get
     text = get("text") or {}
-    env = get("env")
-    lerobot = get("lerobot")
-    new_tokens = (text.get("max_new_tokens") if text else None) or None
+    env, lerobot, executor = get("env"), get("lerobot"), get("executor")
+    new_tokens = text.get("max_new_tokens") or None
     seed, num_envs = int(get("seed", 0)), int(get("num_envs", 8))
-    return {
-        "policy": PolicySettings(device, get("init"), get("resume"), get("init_action_std"), get("learn_action_std")),
-        "env": EnvSettings(plain(get("executor")) if get("executor") is not None else None,
-                           transport_options(get("runtime"), env), device),
-        "rollout": RolloutSettings(seed, num_envs, _int(get("total_steps")), _int(text.get("iterations") if text else None),
-                                   new_tokens, get("init"), get("demos"), plain(env) if env is not None else None,
-                                   bool((get("runtime") or {}).get("overlap_update", False)), bool(get("progress", True))),
-        "eval": EvalSettings(num_envs, new_tokens),
-        "record": RecordSettings(seed, num_envs, bool(get("deterministic", True)), float(get("action_noise", 0.0)),
-                                 float(get("epsilon", 0.0)), str(get("format", "rlinf")),
-                                 plain(lerobot) if lerobot is not None else None,
-                                 (get("sim") or {}).get("name"), int(text.get("samples", 1)) if text else 1,
-                                 new_tokens, get("text")),
-    }
+    return RoleSettings(
+        policy=PolicySettings(device=device, init=get("init"), resume=get("resume"),
+                              init_action_std=get("init_action_std"), learn_action_std=get("learn_action_std")),
+        env=EnvSettings(executor=plain(executor) if executor is not None else None,
+                        runtime=transport_options(get("runtime"), env), device=device),
+        rollout=RolloutSettings(seed=seed, num_envs=num_envs, total_steps=_int(get("total_steps")),
+                                iterations=_int(text.get("iterations")), max_new_tokens=new_tokens,
+                                init=get("init"), demos=get("demos"), normalize=plain(env) if env is not None else None,
+                                overlap_update=bool((get("runtime") or {}).get("overlap_update", False)),
+                                progress=bool(get("progress", True))),
+        eval=EvalSettings(num_envs=num_envs, max_new_tokens=new_tokens),
+        record=RecordSettings(seed=seed, num_envs=num_envs, deterministic=bool(get("deterministic", True)),
+                              action_noise=float(get("action_noise", 0.0)), epsilon=float(get("epsilon", 0.0)),
+                              format=str(get("format", "rlinf")), lerobot=plain(lerobot) if lerobot is not None else None,
+                              sim_name=(get("sim") or {}).get("name"), samples=int(text.get("samples", 1)),
+                              max_new_tokens=new_tokens, text=get("text")),
+    )
 
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> Any:
+def make(cfg: Any, ctx: Any, sim_node: Any = None, text: bool | None = None) -> World:
     """The :class:`~rlinf_cli.collectors.roles.World` for ``sim_node`` (default: ``cfg.sim``);
     ``text`` forces the text one (a JSONL dataset without a known task)."""
     node = sim_node if sim_node is not None else cfg.get("sim")
@@ -84,12 +86,9 @@ def dataset_source(path: str) -> tuple[bool, dict[str, Any] | None, str | None]:
     dataset's own provenance: a JSONL file of prompt/completion pairs, or an rlinf dataset."""
     p = Path(str(path))
     if p.suffix in (".jsonl", ".json") and p.is_file():
-        from rlinf_cli.collectors.text_record import provenance_sim
+        from rlinf_cli.collectors.text_record import provenance_sim  # torch: only for a text dataset
 
         return (True, *provenance_sim(str(p)))
-    from rlinf_cli.data import lerobot
-    from rlinf_cli.data.dataset import read_meta
-
     if lerobot.is_lerobot_dataset(p):  # rlinf's own LeRobot datasets keep their provenance beside LeRobot's files
         meta = p / lerobot.RLINF_META
         prov = (json.loads(meta.read_text()).get("provenance") or [{}])[-1] if meta.is_file() else {}

@@ -15,6 +15,7 @@ from rlinf_cli.collectors.roles import EnvSettings
 from rlinf_cli.errors import UserError
 from rlinf_cli.registry import get_registry, make_simulator
 from rlinf_cli.runtime.chunking import ChunkedSimulator, chunk_of
+from rlinf_cli.runtime.placement import time_inference
 from rlinf_cli.settings import plain
 
 
@@ -42,8 +43,6 @@ def runtime_options(base: dict[str, Any], act: Callable | None = None, spec: Env
     here (``infer_s``); the executor probes the simulator."""
     out = dict(base)
     if out.get("mode") == "auto" and act is not None and spec is not None and num_envs:
-        from rlinf_cli.runtime.placement import time_inference  # torch: only when placing automatically
-
         out["infer_s"] = time_inference(act, spec, int(num_envs))
     return out
 

@@ -27,6 +27,7 @@ from rlinf_cli.policy_factory import random_actor
 from rlinf_cli.progress import under_way
 from rlinf_cli.runtime.batches import ReplayStore
 from rlinf_cli.runtime.normalize import Normalizer, resolve
+from rlinf_cli.runtime.overlap import OverlappedRunner
 from rlinf_cli.runtime.replay import ReplayBuffer
 from rlinf_cli.runtime.rollout import EpisodeRecorder, EpisodeStats, Runner, policy_actor, run_episodes
 from rlinf_cli.settings import plain
@@ -149,8 +150,6 @@ class EmbodiedRollout:
 
     def _start_overlapped(self, policy: Any, executor: Any, num_envs: int, start_it: int,
                           first_seeds: list[int]) -> list[str]:
-        from rlinf_cli.runtime.overlap import OverlappedRunner  # torch.multiprocessing: only when asked
-
         runtime = runtime_options(self.env.settings.runtime)
         self.runner = OverlappedRunner(
             self.env.sim, policy, num_envs, int(self.settings.seed) + 1, lambda i: first_seeds if i == start_it else None,

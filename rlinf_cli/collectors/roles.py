@@ -20,12 +20,14 @@ the config in one place (``collectors/__init__.py``: ``settings``), never the wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from rlinf_cli.collectors.base import Evaluation
-from rlinf_cli.runtime.batches import Batches
+
+if TYPE_CHECKING:  # the runtime's batches import torch; these protocols stay light
+    from rlinf_cli.runtime.batches import Batches
 
 
 # -- settings ------------------------------------------------------------------------------------
@@ -80,6 +82,17 @@ class RecordSettings:
     samples: int = 1  # text: completions per prompt
     max_new_tokens: int | None = None
     text: Any = None  # the ``text`` node: a text dataset's keys and lengths
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """Every role's settings, read from the config once (``collectors.settings``)."""
+
+    policy: PolicySettings
+    env: EnvSettings
+    rollout: RolloutSettings
+    eval: EvalSettings
+    record: RecordSettings
 
 
 # -- roles ---------------------------------------------------------------------------------------

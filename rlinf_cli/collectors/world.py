@@ -11,7 +11,7 @@ from rlinf_cli.collectors.embodied_env import EmbodiedEnv
 from rlinf_cli.collectors.embodied_eval import EmbodiedEvaluator
 from rlinf_cli.collectors.embodied_record import EmbodiedRecorder
 from rlinf_cli.collectors.embodied_rollout import EmbodiedRollout
-from rlinf_cli.collectors.roles import World
+from rlinf_cli.collectors.roles import RoleSettings, World
 from rlinf_cli.collectors.text_eval import TextEvaluator
 from rlinf_cli.collectors.text_record import TextRecorder
 from rlinf_cli.collectors.text_rollout import TextRollout
@@ -21,21 +21,21 @@ from rlinf_cli.registry import make_simulator
 from rlinf_cli.runtime.batches import GroupBatches, ReplayStore, SampleBatches
 
 
-def embodied_world(sim_node: Any, settings: dict[str, Any], ctx: Any) -> World:
+def embodied_world(sim_node: Any, settings: RoleSettings, ctx: Any) -> World:
     """Envs placed by an executor; the simulator is built on first use (a dataset's need not be
     installed for `sft` to train)."""
-    env = EmbodiedEnv(sim_node, settings["env"])
-    policies = EmbodiedPolicies(env, settings["policy"])
+    env = EmbodiedEnv(sim_node, settings.env)
+    policies = EmbodiedPolicies(env, settings.policy)
     store = ReplayStore()  # filled by the rollout (off-policy), sampled by the batches
     return World("embodied", policies,
-                 EmbodiedRollout(env, settings["rollout"], store, getattr(ctx, "log", None)),
+                 EmbodiedRollout(env, settings.rollout, store, getattr(ctx, "log", None)),
                  SampleBatches(env.device, store),
-                 EmbodiedEvaluator(env, policies, settings["eval"]),
-                 EmbodiedRecorder(env, policies, settings["record"], getattr(ctx, "note", print)),
+                 EmbodiedEvaluator(env, policies, settings.eval),
+                 EmbodiedRecorder(env, policies, settings.record, getattr(ctx, "note", print)),
                  lambda: env.spec, lambda: env.label)
 
 
-def text_world(task_node: Any, settings: dict[str, Any], ctx: Any) -> World:
+def text_world(task_node: Any, settings: RoleSettings, ctx: Any) -> World:
     """A text task's prompts (none for a JSONL dataset that names no task)."""
     task, label = None, "jsonl"
     if task_node is not None and task_node.get("name"):
@@ -43,8 +43,8 @@ def text_world(task_node: Any, settings: dict[str, Any], ctx: Any) -> World:
         if getattr(task, "modality", None) != TEXT:
             raise UserError(f"sim '{task_node.get('name')}' is not a text task")
         label = str(task_node.get("name"))
-    policies = TextPolicies(settings["policy"])
-    return World("text", policies, TextRollout(task, settings["rollout"]), GroupBatches(),
-                 TextEvaluator(task, policies, settings["eval"]),
-                 TextRecorder(task, policies, settings["record"], settings["policy"].device),
+    policies = TextPolicies(settings.policy)
+    return World("text", policies, TextRollout(task, settings.rollout), GroupBatches(),
+                 TextEvaluator(task, policies, settings.eval),
+                 TextRecorder(task, policies, settings.record, settings.policy.device),
                  lambda: TEXT_SPEC, lambda: label)

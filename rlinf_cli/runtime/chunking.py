@@ -1,6 +1,6 @@
 """Action chunks: a policy step that emits K env actions (OpenVLA-OFT-style heads).
 
-A policy declares ``action_chunk = K`` (> 1). The embodied collector then wraps the simulator in
+A policy declares ``action_chunk = K`` (> 1). An embodied world then wraps the simulator in
 :class:`ChunkedSimulator`: one step of a wrapped env takes a ``[K, *action_shape]`` action and
 steps the inner env up to K times *inside that env*, stopping at the first termination or
 truncation, so no action of a chunk leaks into the next episode. The step returns

@@ -206,7 +206,7 @@ class HFCausalLM(Policy):
             raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
         return cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]), _hf_dir=hf_dir).to(map_location)
 
-    # -- text policy interface (used by rlinf_cli.collectors.text) ---------------------------
+    # -- text policy interface (used by rlinf_cli.collectors.text_*) -------------------------
     @property
     def eos_token_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
@@ -283,7 +283,7 @@ class HFCausalLM(Policy):
                  with_entropy: bool = True) -> EvalOutput:
         """Log-probs of token actions, the policy interface every algorithm uses.
 
-        - RL minibatches (``rlinf_cli.collectors.text``): ``obs = {prompt_ids, prompt_mask}``, one
+        - RL minibatches (``rlinf_cli.runtime.batches``): ``obs = {prompt_ids, prompt_mask}``, one
           left-padded row per group; ``action = {ids, attn}``, the group's completions (group after
           group). Returns per-token log-probs and entropy [B, T] at the sampling temperature.
         - Demonstrations (SFT): ``obs = {input_ids, attention_mask}`` whole sequences and ``action``
