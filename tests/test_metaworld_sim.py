@@ -13,7 +13,7 @@ from rlinf_cli.api import TASK_KEY, EnvSpec  # noqa: E402
 from rlinf_cli.errors import UserError  # noqa: E402
 from rlinf_cli.runtime.rollout import run_episodes  # noqa: E402
 from rlinf_cli.runtime.vector import SyncVecEnv  # noqa: E402
-from rlinf_cli.collectors import embodied as common  # noqa: E402
+from rlinf_cli import policy_factory as common  # noqa: E402
 
 
 def make(**cfg):
