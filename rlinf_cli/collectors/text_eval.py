@@ -100,5 +100,5 @@ class TextEvaluator:
                           {"examples": examples_json(greedy, examples)},
                           examples_table(greedy, examples) if examples > 0 else None)
 
-    def table(self, rows: dict[str, dict[str, float]], title: str) -> Any:
-        return summary_table(rows, title)
+    def table(self, rows: dict[str, dict[str, float]], title: str, instructions: dict[str, str] | None = None) -> Any:
+        return summary_table(rows, title)  # text rows carry no instructions

@@ -53,7 +53,7 @@ def _run(cfg: Any) -> dict[str, Any]:
                   "mlflow_run_id": tracker.run_id}
         title = f"rlinf eval: {world.label} (seeds {cfg.seed}..{int(cfg.seed) + n - 1})"
         told = ev.extra.get("instructions")  # language-conditioned simulators: what each row's episodes were told
-        table = world.evaluator.table(ev.rows, title, instructions=told) if told else world.evaluator.table(ev.rows, title)
+        table = world.evaluator.table(ev.rows, title, instructions=told)
         if (cfg.get("register") or {}).get("name"):  # opt-in: the MLflow model registry
             result["registry"] = model_registry.register(tracker, source, ev.extra.get("task_mean") or ev.summary, cfg,
                                                          common.table_text(table))
