@@ -110,9 +110,9 @@ def save(
     write_files: Any = None,
 ) -> Path:
     """Write a checkpoint atomically (every rank calls it; rank 0 writes all but the engine's
-    shards). ``rank_states[r]``: arrays rank r needs to continue exactly (its collector state,
+    shards). ``rank_states[r]``: arrays rank r needs to continue exactly (its rollout state,
     and for ranks > 0 their own RNG states), stored as ``rank<r>.<key>``. ``write_files(dir)``:
-    rank 0 writes further files into the checkpoint (the collector's normalization statistics)."""
+    rank 0 writes further files into the checkpoint (the rollout's normalization statistics)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         if rank == 0:

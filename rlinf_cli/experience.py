@@ -1,10 +1,10 @@
-"""The one data currency: what every collector produces and every algorithm learns from.
+"""The one data currency: what every rollout produces and every algorithm learns from.
 
 Samples are laid out ``[T, N]``: T steps (time) of N columns. An embodied steps rollout has T
 steps of N envs; a group rollout has one column per episode (masked after it ends), groups of
 ``group_size`` columns side by side; a text rollout has T = 1 and one column per completion,
 with a token dimension: ``logprobs`` and ``token_mask`` are then ``[T, N, L]``. Algorithms read
-the documented tensors; ``obs`` and ``actions`` belong to the collector and the policy
+the documented tensors; ``obs`` and ``actions`` belong to the rollout and the policy
 (``policy.evaluate(mb.obs, mb.actions)``), so an algorithm never depends on the modality.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 @dataclass
 class Experience:
-    obs: Any  # collector-defined: dict of [T, N, ...] tensors (embodied), prompts (text)
+    obs: Any  # rollout-defined: dict of [T, N, ...] tensors (embodied), prompts (text)
     actions: Any  # [T, N, *action_shape] (embodied), completion tokens (text)
     logprobs: torch.Tensor  # [T, N] (or [T, N, L] per token) at collection time
     values: torch.Tensor  # [T, N] critic values at collection time (zeros without a critic)
@@ -33,4 +33,4 @@ class Experience:
     ref_logprobs: torch.Tensor | None = None  # like logprobs, from a frozen reference policy
     episodes: list[Any] = field(default_factory=list)  # EpisodeStats of episodes that ended here
     env_steps: int = 0  # env steps (or completions) in this experience
-    stats: dict[str, float] = field(default_factory=dict)  # collector diagnostics (transport, timing)
+    stats: dict[str, float] = field(default_factory=dict)  # rollout diagnostics (transport, timing)

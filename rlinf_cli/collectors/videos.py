@@ -61,14 +61,15 @@ def episode_filename(index: int, episode: Any, has_success: bool = True) -> str:
     return f"episode-{index:03d}_seed-{episode.seed}{success}_return-{episode.ret:.2f}.mp4"
 
 
-def evaluate_with_video(collector: Any, act: Callable, episodes: int, seed: int, num_envs: int,
+def evaluate_with_video(evaluator: Any, act: Callable, episodes: int, seed: int, num_envs: int,
                         video: int, out_dir: Path, size: int = 256, fps: int | None = None,
                         on_batch: Callable[[list[Any]], None] | None = None) -> tuple[list[Any], list[Path]]:
-    """The collector's evaluation episodes, the first ``video`` of them recorded to mp4."""
+    """The evaluator's episodes (its ``sim`` and ``run_episodes``), the first ``video`` of them
+    recorded to mp4."""
     from rlinf_cli.video import encode_mp4
 
-    sim = collector.sim
-    evaluate = collector.run_episodes
+    sim = evaluator.sim
+    evaluate = evaluator.run_episodes
     video = max(0, min(int(video), int(episodes)))
     if video == 0:
         return evaluate(act, episodes, seed, num_envs, on_batch=on_batch), []
