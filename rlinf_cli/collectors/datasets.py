@@ -20,9 +20,12 @@ import torch
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT_SPEC, Obs, StepBatch
 from rlinf_cli.collectors.text_sampling import pad_rows
+from rlinf_cli.data import dataset as ds, lerobot
 from rlinf_cli.data.dataset import Episode
 from rlinf_cli.data.jsonl import read_rows
 from rlinf_cli.errors import UserError
+from rlinf_cli.policy import check_compatible, obs_to_torch
+from rlinf_cli.runtime.chunking import chunk_of, chunk_targets
 
 
 class EpisodeBuffer:
@@ -89,9 +92,6 @@ class EpisodeDataset:
     """(observation, action) steps of an rlinf dataset, for behaviour cloning."""
 
     def __init__(self, path: str, val_fraction: float, seed: int, device: Any, lerobot_features: Any = None):
-        from rlinf_cli.data import dataset as ds, lerobot
-        from rlinf_cli.policy import obs_to_torch
-
         if lerobot.is_lerobot_dataset(path):  # a LeRobot v3.0 directory: features mapped onto observation keys
             self.data = lerobot.load(path, dict(lerobot_features or {}))
             self.meta_file = self.data.path / lerobot.INFO
@@ -108,10 +108,6 @@ class EpisodeDataset:
 
     def prepare(self, policy: Any, note: Any) -> None:
         """The policy must read what the dataset holds (a LeRobot dataset says which features map where)."""
-        from rlinf_cli.data import lerobot
-        from rlinf_cli.policy import check_compatible
-        from rlinf_cli.runtime.chunking import chunk_of, chunk_targets
-
         if self.data.meta.get("format") == "lerobot":
             lerobot.check_keys(policy.observation_keys, self.data, self.data.path)
         check_compatible(policy, self.spec, f"the policy for dataset '{self.data.path}'")
