@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fake_sims import CounterSim
-from rlinf_cli.runtime.placement import choose_mode
-from rlinf_cli.runtime.workers import EnvWorkerError, plan_shards
+from rlinf_cli.runtime.placement import choose_mode, plan_shards
+from rlinf_cli.runtime.workers import EnvWorkerError
 from rlinf_executor_local.executor import LocalExecutor
 
 
