@@ -148,7 +148,8 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     if as_json:
         typer.echo(json.dumps([{"kind": s.kind, "name": s.name, "package": s.package, "version": s.version,
                                 "summary": s.summary, "default": bool(s.default), "default_stages": list(s.default),
-                                "factory": s.factory, "compatible": s.problem is None} for s in specs], indent=2))
+                                "factory": s.factory, "compatible": s.problem is None,
+                                "api_warning": s.warning} for s in specs], indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -171,6 +172,8 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     console.print(table)
     for problem in reg.incompatible.values():
         typer.echo(f"incompatible: {problem}")
+    for note in reg.api_notes.values():
+        typer.echo(f"note: {note}")
     note = "" if widths[-1] <= room else "; summaries cut to the terminal's width" if len(shown) == len(heads) else \
         "; no room for summaries at this width"
     console.print(f"* default when none is chosen (*rl: for `rlinf rl` only){note}" + (" (`rlinf plugins list --json` has them whole)" if note else ""),

@@ -68,6 +68,7 @@ class Spec:
     conf_dir: Path | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None  # why it cannot be used (a plugin built for another API major)
+    warning: str | None = None  # said once, on first use (no API version declared, a newer minor)
 
     def default_for(self, stage: str) -> bool:
         return stage in self.default
@@ -76,6 +77,8 @@ class Spec:
         """Import and return the factory object."""
         if self.problem is not None:  # also refused here: a caller may hold the spec from a listing
             raise UserError(f"{self.kind} '{self.name}' cannot be used: {self.problem}")
+        if self.warning is not None:
+            _warn_once(self.warning)
         module_name, _, attr = self.factory.partition(":")
         try:
             obj = importlib.import_module(module_name)
@@ -138,6 +141,7 @@ _warned: set[str] = set()
 
 
 def _warn_once(message: str) -> None:
+    """One ``warning:`` line on stderr, once a process."""
     if message not in _warned:
         _warned.add(message)
         print(f"warning: {message}", file=sys.stderr)
@@ -168,19 +172,22 @@ class Registry:
         self._specs: dict[str, dict[str, Spec]] = {k: {} for k in KINDS}
         self.broken = list(broken or [])
         self.incompatible: dict[str, str] = {}  # package -> the one line saying why it cannot be used
+        self.api_notes: dict[str, str] = {}  # package -> a warning about its declared API (said on use)
         self._collect()
 
     def _collect(self) -> None:
         for kind in KINDS.values():
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
                 package, version = self._dists.get(id(impl.plugin), (self.pm.get_name(impl.plugin), "?"))
+                # judged here, said where it matters: a warning when a component is used (not on
+                # every command: an error stays one line), the listing names both
                 problem, warning = api_problem(getattr(impl.plugin, API_ATTR, None), package, version)
                 if warning:
-                    _warn_once(warning)
+                    self.api_notes[package] = warning
                 if problem:
                     self.incompatible[package] = problem
                 conf_dir = _conf_dir_of(impl.plugin)
-                register = self._registrar(kind.name, package, version, conf_dir, problem)
+                register = self._registrar(kind.name, package, version, conf_dir, problem, warning)
                 if problem is None:
                     impl.function(register=register)
                     continue
@@ -190,7 +197,7 @@ class Registry:
                     pass
 
     def _registrar(self, kind: str, package: str, version: str, conf_dir: Path | None,
-                   problem: str | None = None) -> Callable:
+                   problem: str | None = None, warning: str | None = None) -> Callable:
         def register(name: str, factory: str, *, summary: str = "", default: bool | tuple[str, ...] = False,
                      **attrs: Any) -> None:
             existing = self._specs[kind].get(name)
@@ -203,7 +210,7 @@ class Registry:
                 raise RuntimeError(f"{kind} '{name}' from {package}: factory must be 'module:attr', got {factory!r}")
             stages = _parse_default(default, kind, name, package)
             self._specs[kind][name] = Spec(kind, name, factory, summary, stages, package, version, conf_dir, attrs,
-                                           problem)
+                                           problem, warning)
 
         return register
 
