@@ -13,7 +13,7 @@ actors, ...) and return one :class:`~rlinf_cli.runtime.workers.WorkerHandle` eac
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from rlinf_cli.api import Simulator, VecEnv
 from rlinf_cli.runtime.env_worker import SharedObs
