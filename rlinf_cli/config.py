@@ -14,10 +14,9 @@ from typing import Any, Iterable
 
 from rlinf_cli.errors import UserError, one_line, shown
 from rlinf_cli.recommend import lookup, override_text
-from rlinf_cli.registry import GROUP_TO_KIND, get_registry, unknown_name_message
+from rlinf_cli.registry import GROUP_TO_KIND, STAGES, get_registry, unknown_name_message
 
 CORE_CONF = Path(__file__).resolve().parent / "conf"
-STAGES = ("collect", "sft", "rl", "eval", "serve")  # serve: `rlinf env serve`
 _MISSING = object()
 
 
@@ -50,7 +49,7 @@ def default_choice(stage: str, group: str) -> str | None:
     reg = get_registry()
     kind = GROUP_TO_KIND[group]
     for spec in sorted(reg.specs(kind).values(), key=lambda s: s.name):
-        if spec.default is True or (isinstance(spec.default, (tuple, list)) and stage in spec.default):
+        if spec.default_for(stage) and spec.problem is None:
             if spec.name in group_options(group):
                 return spec.name
     core = group_options(group)

@@ -9,8 +9,12 @@ Every hook receives a ``register`` callback and calls it once per component it p
 - ``factory``: a lazy ``"module:attr"`` string. It is imported only when the component is used,
   so registering never imports torch or a simulator.
 - ``summary``: one line for ``rlinf plugins list``.
-- ``default``: this component is the group's default when the user picks none.
+- ``default``: the stages this component is the group's default for when the user picks none:
+  ``True`` = every stage, a tuple of stage names (``("rl",)``) = those only, ``False`` = none.
 - ``attrs``: kind-specific metadata (for example ``priority`` for accelerators).
+
+The hook module declares the plugin API it is built for, ``RLINF_API = "1.0"``
+(:data:`rlinf_cli.api.API_VERSION`); the registry refuses another major version in one line.
 
 A plugin ships its config options as YAML under a ``conf`` directory beside the module that
 implements the hooks (``conf/sim/<name>.yaml``); the registry adds it to Hydra's search path.

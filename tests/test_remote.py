@@ -20,7 +20,8 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.remote.server import EnvServer, ServeConfig
 from rlinf_cli.runtime.codec import Packed
-from rlinf_cli.runtime.workers import EnvWorkerError, Reply
+from rlinf_cli.runtime.env_worker import Reply
+from rlinf_cli.runtime.workers import EnvWorkerError
 from rlinf_executor_local.executor import LocalExecutor
 from rlinf_sim_remote.sim import RemoteSimulator
 from test_runtime_workers import _assert_same, _trace
