@@ -13,11 +13,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-# The plugin API this core speaks, "MAJOR.MINOR". A plugin's hook module declares the version it
-# was built for (``RLINF_API = "1.0"``); the registry refuses a plugin of another MAJOR (named in
-# one line) and warns about one that declares a newer MINOR or nothing (docs/plugins.md). MAJOR
-# goes up when a name here is removed or its contract changes; MINOR when one is added.
-API_VERSION = "1.0"
+from rlinf_cli.hookspecs import API_VERSION  # noqa: F401  (kept in the light hookspecs: the registry reads it)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,12 @@ from __future__ import annotations
 
 import pluggy
 
+# The plugin API this core speaks, "MAJOR.MINOR". A plugin's hook module declares the version it
+# was built for (``RLINF_API = "1.0"``); the registry refuses a plugin of another MAJOR (named in
+# one line) and warns about one that declares a newer MINOR or nothing (docs/plugins.md). MAJOR
+# goes up when a name here is removed or its contract changes; MINOR when one is added.
+API_VERSION = "1.0"
+
 hookspec = pluggy.HookspecMarker("rlinf")
 hookimpl = pluggy.HookimplMarker("rlinf")
 

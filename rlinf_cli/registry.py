@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pluggy
 
 from rlinf_cli import hookspecs
-from rlinf_cli.api import API_VERSION
+from rlinf_cli.hookspecs import API_VERSION
 from rlinf_cli.errors import UserError, shown
 
 ENTRY_POINT_GROUP = "rlinf"

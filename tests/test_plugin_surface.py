@@ -70,7 +70,8 @@ def test_importing_the_surface_does_not_import_torch():
 
 
 def _exported() -> set[str]:
-    """The names ``rlinf_cli.api`` exports: those it defines (the contracts) and its surface table."""
+    """The names ``rlinf_cli.api`` exports: those it defines (the contracts) or takes from the core at
+    its top, and its surface table."""
     import rlinf_cli.api as api
 
     tree = ast.parse((REPO / "rlinf_cli" / "api.py").read_text())
@@ -82,6 +83,8 @@ def _exported() -> set[str]:
             defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             defined.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlinf_cli"):
+            defined |= {a.asname or a.name for a in node.names}  # API_VERSION, kept in the light hookspecs
     return {n for n in defined if not n.startswith("_")} | set(api._SURFACE)
 
 
