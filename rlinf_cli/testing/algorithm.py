@@ -132,7 +132,7 @@ def _loss_falls(algo: Any, steps: int = 25, batch: int = 64) -> str:
         loss.backward()
         opt.step()
         last = float(loss_now().detach())
-    assert last < first, f"the loss did not fall: {first:.4g} before {steps} Adam steps on one minibatch, {last:.4g} after"
+    assert last < first - 1e-4 * abs(first), f"the loss did not fall: {first:.4g} before {steps} Adam steps on one minibatch, {last:.4g} after"
     return f"{first:.4g} -> {last:.4g} in {steps} Adam steps"
 
 
@@ -229,7 +229,8 @@ def _supervised(checks: Checks, spec: Any, where: Path) -> None:
         _finite_rows(rows)
         losses = [float(r["train/loss"]) for r in rows if "train/loss" in r]
         assert len(losses) >= 2, f"the run logged train/loss {len(losses)} time(s) in {SFT_EPOCHS} epochs"
-        assert losses[-1] < losses[0], (f"train/loss did not fall over {len(losses)} epochs: "
+        # by a margin: a loss with no gradient stays level up to the rounding of a reshuffled mean
+        assert losses[-1] < losses[0] - 1e-3 * abs(losses[0]), (f"train/loss did not fall over {len(losses)} epochs: "
                                         f"{losses[0]:.4g} first, {losses[-1]:.4g} last")
         assert (where / "a/checkpoints/best/model.safetensors").is_file(), "no best checkpoint was saved"
         return f"train/loss {losses[0]:.4g} -> {losses[-1]:.4g} in {len(losses)} epochs"
