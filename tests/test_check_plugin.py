@@ -16,7 +16,8 @@ import pytest
 from rlinf_cli.registry import Spec, get_registry
 
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-HOOKS = {"model": "register_models", "algorithm": "register_algorithms"}
+HOOKS = {"model": "register_models", "algorithm": "register_algorithms", "simulator": "register_simulators",
+         "robot": "register_simulators"}
 
 
 def _scaffold(name: str, kind: str, where: Path, monkeypatch: pytest.MonkeyPatch, edit=None) -> Path:
@@ -30,9 +31,10 @@ def _scaffold(name: str, kind: str, where: Path, monkeypatch: pytest.MonkeyPatch
     package = path.name.replace("-", "_")
     plugin = __import__(f"{package}.plugin", fromlist=["x"])
     specs: list[Spec] = []
+    registered = "simulator" if kind == "robot" else kind  # a robot is a simulator plugin
     getattr(plugin, HOOKS[kind])(register=lambda n, factory, **kw: specs.append(
-        Spec(kind, n, factory, kw.get("summary", ""), False, path.name, "0.1.0", path / package / "conf")))
-    monkeypatch.setitem(get_registry()._specs[kind], name, specs[0])
+        Spec(registered, n, factory, kw.get("summary", ""), False, path.name, "0.1.0", path / package / "conf", kw)))
+    monkeypatch.setitem(get_registry()._specs[registered], name, specs[0])
     for mod in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
         monkeypatch.delitem(sys.modules, mod)  # imported again on use, from this directory; gone after the test
     return path
@@ -57,6 +59,21 @@ def test_a_scaffolded_model_passes(cli, workdir, monkeypatch):
     res = cli("check-plugin", "cp_model")
     assert res.code == 0, res.err
     assert "FAIL" not in res.out and res.out.count("pass") == 16, res.out
+
+
+@pytest.mark.parametrize("kind", ["simulator", "robot"])
+def test_scaffolded_simulators_pass_their_shipped_contract(kind, workdir, monkeypatch):
+    """The simulator and robot scaffolds ship the same test; here it is, as the scaffold wrote it."""
+    import importlib.util
+
+    path = _scaffold(f"cp_{kind}", kind, workdir, monkeypatch)
+    shipped = path / "tests" / f"test_cp_{kind}_contract.py"
+    spec = importlib.util.spec_from_file_location(f"shipped_{kind}", shipped)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+    assert len(tests) == 1
+    tests[0]()  # raises ContractFailure naming the failed checks
 
 
 def test_a_model_whose_act_returns_wrong_shapes_fails_naming_it(cli, workdir, monkeypatch):
