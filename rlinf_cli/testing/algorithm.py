@@ -125,14 +125,14 @@ def _loss_falls(algo: Any, steps: int = 25, batch: int = 64) -> str:
         return loss
 
     opt = torch.optim.Adam([w, log_std, wv], lr=1e-2)
-    first = last = float(loss_now().detach())
+    first = float(loss_now().detach())
     for _ in range(steps):
         opt.zero_grad()
-        loss = loss_now()
-        loss.backward()
+        loss_now().backward()
         opt.step()
-        last = float(loss_now().detach())
-    assert last < first - 1e-4 * abs(first), f"the loss did not fall: {first:.4g} before {steps} Adam steps on one minibatch, {last:.4g} after"
+    last = float(loss_now().detach())
+    assert last < first - 1e-4 * abs(first), \
+        f"the loss did not fall: {first:.4g} before {steps} Adam steps on one minibatch, {last:.4g} after"
     return f"{first:.4g} -> {last:.4g} in {steps} Adam steps"
 
 
