@@ -114,8 +114,9 @@ def _loss_falls(algo: Any, steps: int = 25, batch: int = 64) -> str:
         actions = obs @ w + torch.randn(batch, 2, generator=g)
         old = evaluate(actions)
     ref = old.logprob.clone() if algo.needs_reference() else None
-    mb = MiniBatch(old.logprob.clone(), torch.randn(batch, generator=g), torch.randn(batch, generator=g),
-                   old.value.clone(), None, ref, {"state": obs}, actions)
+    mb = MiniBatch(old_logprob=old.logprob.clone(), advantages=torch.randn(batch, generator=g),
+                   returns=torch.randn(batch, generator=g), old_values=old.value.clone(), mask=None,
+                   ref_logprob=ref, obs={"state": obs}, actions=actions)
 
     def loss_now() -> torch.Tensor:
         loss = algo.loss(evaluate(actions), mb)[0]
