@@ -219,6 +219,21 @@ def check_sim(ctx: typer.Context) -> None:
         raise UserError(f"{len(failed)} contract check(s) failed for simulator '{cfg.sim.name}': {failed[0][0]}: {failed[0][2]}")
 
 
+@app.command("check-plugin")
+def check_plugin(
+    name: str = typer.Argument(..., help="The plugin's registered name (`rlinf plugins list`)"),
+    kind: Optional[str] = typer.Option(None, "--kind", help="model | algorithm | simulator | accelerator | executor "
+                                       "(only when NAME is registered under several kinds)"),
+) -> None:
+    """Check an installed plugin against its kind's contract (for plugin authors): a table of checks.
+
+    Example: rlinf check-plugin mymodel   (exit 2 and one line per failed check when any fails)
+    """
+    from rlinf_cli.testing.command import check_plugin as run
+
+    raise typer.Exit(run(name, kind))
+
+
 @env_app.command("serve", context_settings=OVERRIDES)
 def env_serve(ctx: typer.Context) -> None:
     """Serve a simulator plugin over gRPC to `rlinf rl sim=remote sim.address=HOST:PORT` (no torch needed here).
