@@ -246,8 +246,8 @@ class DeepSpeedEngine(Engine):
             "train_micro_batch_size_per_gpu": 1,  # the loop feeds its own minibatches; these only satisfy checks
             "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW" if optim.weight_decay else "Adam",
-                          "params": {"lr": float(optim.lr), "eps": float(optim.eps), "weight_decay": float(optim.weight_decay),
-                                     "torch_adam": True}},
+                          "params": {"lr": float(optim.lr), "eps": float(optim.eps),
+                                     "weight_decay": float(optim.weight_decay), "torch_adam": True}},
             "zero_optimization": {"stage": int(zero_stage)},
             "bf16": {"enabled": bool(bf16)},
             "gradient_clipping": float(optim.max_grad_norm) if optim.max_grad_norm else 0.0,
