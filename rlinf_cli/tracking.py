@@ -7,15 +7,18 @@ MLflow is imported only when a run starts. Metrics are buffered and written with
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
 from rlinf_cli.errors import UserError
+from rlinf_cli.locks import abandoned, locked
 from rlinf_cli.tracking_store import check_writable, new_client, sqlite_path, store_error
 
 _FLUSH_SECONDS = 5.0
@@ -66,8 +69,6 @@ class Tracker:
         for name in ("alembic", "mlflow", "sqlalchemy"):  # after the import: mlflow sets its own levels then
             logging.getLogger(name).setLevel(logging.ERROR)
 
-        from rlinf_cli.locks import locked
-
         runs_dir = Path(cfg.runs_dir)
         uri = cfg.tracking.uri or default_uri(runs_dir)
         db = sqlite_path(uri)
@@ -115,8 +116,6 @@ class Tracker:
 
     def _sync_resumed(self, run: Any) -> None:
         """Make the MLflow history equal ``metrics.jsonl`` (already cut back to the checkpoint)."""
-        from collections import Counter
-
         from mlflow.entities import Metric
 
         want = Counter(_point(k, v, row["step"]) for row in self.history for k, v in row.items() if k != "step")
@@ -213,7 +212,6 @@ def _end_abandoned_runs(client: Any) -> list[str]:
     Called when a run starts in the same store; returns a note per run marked."""
     from mlflow.entities import ViewType
 
-    from rlinf_cli.locks import abandoned
 
     try:
         ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
@@ -283,8 +281,6 @@ def _experiment_id(client: Any, cfg: Any, runs_dir: Path) -> str:
 
 
 def _disk_hint(exc: OSError) -> str:
-    import errno
-
     return " (disk full or file-size limit)" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
 
 

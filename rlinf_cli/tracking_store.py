@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,6 @@ def template_path() -> Path | None:
 
 def _is_empty_store(path: Path) -> bool:
     """A sqlite file with a schema version and neither experiments nor runs (a good template)."""
-    import sqlite3
-
     if not path.is_file():
         return False
     try:
@@ -115,8 +114,6 @@ def _is_empty_store(path: Path) -> bool:
 
 def _save_template(db: Path, template: Path) -> None:
     """Keep a just-created, still empty store (less its default experiment) as the template."""
-    import sqlite3
-
     tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
     try:
         template.parent.mkdir(parents=True, exist_ok=True)

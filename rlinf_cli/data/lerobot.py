@@ -32,8 +32,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.data.dataset import _column, sha256_file
+from rlinf_cli.data.dataset import Dataset, _column, sha256_file
 from rlinf_cli.errors import UserError
+from rlinf_cli.video import decode_mp4
 
 CODEBASE_VERSION = "v3.0"
 INFO = "meta/info.json"
@@ -86,8 +87,6 @@ def load(path: str | Path, mapping: Mapping[str, str] | None = None, verify: boo
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from rlinf_cli.data.dataset import Dataset
 
     path = Path(path)
     try:
@@ -222,8 +221,6 @@ def _image_column(col: Any) -> np.ndarray:
 def _video_frames(path: Path, info: dict[str, Any], feature: str, table: Any, episodes: dict[str, list]) -> np.ndarray:
     """Each data row's frame of camera ``feature``: row ``(episode e, frame i)`` is the frame at
     ``from_timestamp(e) + i / fps`` of the episode's video file."""
-    from rlinf_cli.video import decode_mp4
-
     fps = int(info["fps"])
     template = info.get("video_path") or VIDEO_PATH
     ep_index = table.column("episode_index").to_numpy()

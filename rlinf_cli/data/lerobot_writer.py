@@ -20,6 +20,7 @@ from rlinf_cli.data.dataset import WriterBase, _at_ends, _fixed_list, _write_ato
 from rlinf_cli.data.lerobot import (CHUNKS_SIZE, CODEBASE_VERSION, DATA_PATH, EPISODES_PATH, INFO, RLINF_META, STATS,
                                     STEP_FEATURES, TASKS, VIDEO_PATH, _FILE_RE, feature_name, is_image)
 from rlinf_cli.errors import UserError
+from rlinf_cli.video import encode_mp4
 
 
 def _parquet_bytes(table: Any) -> bytes:
@@ -144,8 +145,6 @@ class LeRobotWriter(WriterBase):
 
     def _flush(self) -> None:
         import pyarrow as pa
-
-        from rlinf_cli.video import encode_mp4
 
         eps = list(self._buffer)
         chunk, file = self._next_file()

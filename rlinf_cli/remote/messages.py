@@ -8,6 +8,7 @@ and never reaches the simulator (docs/remote.md).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,6 @@ _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 def valid_host(host: str) -> bool:
     """An IP address (v4, or v6 with or without brackets) or a host name (RFC 1123 labels, the
     last not all digits: ``999.1.1.1`` is a bad address, not a name)."""
-    import ipaddress
-
     try:
         ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
         return True

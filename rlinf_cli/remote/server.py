@@ -25,20 +25,26 @@ import contextlib
 import hmac
 import itertools
 import logging
+import multiprocessing as mp
 import os
 import pickle
+import signal
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from rlinf_cli.api import EnvSpec, Simulator
+from rlinf_cli import __version__
+from rlinf_cli.api import BatchedSimulator, EnvSpec, Simulator
 from rlinf_cli.errors import UserError
+from rlinf_cli.registry import make_simulator
 from rlinf_cli.remote import wire
 from rlinf_cli.remote.messages import (LOOPBACK, ProtocolError, ServeConfig, Session, check_expert_request,
                                        max_streams)
+from rlinf_cli.runtime.procs import ProcessWorker
 from rlinf_cli.runtime.workers import RemoteError, WorkerDied, last_line
+from rlinf_cli.settings import plain
 
 log = logging.getLogger("rlinf.env")
 
@@ -62,8 +68,6 @@ class EnvServer:
         self.spec: EnvSpec = simulator.spec
         self._sim_bytes = pickle.dumps(simulator)
         self._expert = self._probe_expert()
-        from rlinf_cli.api import BatchedSimulator
-
         # one batch of the engine per session shard: clients open one session per server for it
         self.batched = isinstance(simulator, BatchedSimulator)
         self._ids = itertools.count(1)
@@ -73,8 +77,6 @@ class EnvServer:
         self._workers: set[Any] = set()
         self._server: Any = None
         self.port: int | None = None
-        import multiprocessing as mp
-
         self._mp = mp.get_context(cfg.start_method)
         if cfg.start_method == "forkserver":
             self._mp.set_forkserver_preload(["rlinf_cli.runtime.workers", "rlinf_cli.runtime.procs",
@@ -174,8 +176,6 @@ class EnvServer:
     def _info(self, raw: bytes, ctx: Any) -> bytes:
         self._authorize(ctx)
         self._checked(ctx, f"info call from {ctx.peer()}", raw)
-        from rlinf_cli import __version__
-
         return wire.pack({"protocol": wire.PROTOCOL, "rlinf": __version__, "simulator": self.label,
                           "spec": self.spec.to_dict(), "cores": _cores(), "expert": self._expert,
                           "normalize_default": getattr(self.simulator, "normalize_default", None) is True,
@@ -205,8 +205,6 @@ class EnvServer:
                 self._sessions += 1
                 self._envs += session.num_envs
                 reserved = session.num_envs
-            from rlinf_cli.runtime.procs import ProcessWorker
-
             worker = ProcessWorker(sid, self._mp, self._sim_bytes, session.shards, session.autoreset, session.codec,
                                    None, max(hi for _, hi in session.shards), self.cfg.worker_timeout_s)
             self._workers.add(worker)
@@ -285,9 +283,6 @@ def _cores() -> int:
 
 def make_served_simulator(node: Any) -> tuple[Simulator, str]:
     """The simulator a ``serve`` config names, and its label for logs and clients (``maniskill/PushCube-v1``)."""
-    from rlinf_cli.registry import make_simulator
-    from rlinf_cli.settings import plain
-
     data = dict(plain(node))
     sim = make_simulator(data)
     if getattr(sim, "modality", None) == "text":
@@ -297,8 +292,6 @@ def make_served_simulator(node: Any) -> tuple[Simulator, str]:
 
 def serve_forever(simulator: Simulator, cfg: ServeConfig, label: str) -> None:
     """Run until SIGINT/SIGTERM (used by ``rlinf env serve``)."""
-    import signal
-
     server = EnvServer(simulator, cfg, label)
     port = server.start()
     print(f"rlinf env server: {label} on {cfg.host}:{port}", flush=True)
