@@ -14,7 +14,7 @@ import torch
 
 from rlinf_cli.algorithm import OptimSpec
 from rlinf_cli.runtime import engine as engines
-from rlinf_cli.runtime.dist import shutdown, world
+from rlinf_cli.runtime import dist
 from rlinf_model_hf.model import HFCausalLM
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)  # same initial weights on every rank
     torch.distributed.init_process_group("gloo")
-    rank, world = world()
+    rank, world = dist.world()
     policy = HFCausalLM({"name": "hf", "hidden_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate_size": 64})
     initial = torch.cat([p.detach().reshape(-1).clone() for p in policy.parameters()])
     engine = engines.make_engine(policy, OptimSpec(lr=1e-2, max_grad_norm=0.5),
@@ -59,7 +59,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"backend": engine.backend, "world": world, "ranks_agree": same, "moved": moved,
                           "losses": losses}))
-    shutdown()
+    dist.shutdown()
 
 
 if __name__ == "__main__":
