@@ -373,11 +373,11 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     # models
     **{n: ("rlinf_cli.policy", n) for n in
        ("Policy", "ActOutput", "EvalOutput", "CONFIG_FILE", "MODEL_FILE", "read_model_config")},
-    **{n: ("rlinf_cli.runtime.engine", n) for n in ("fp32_matmuls", "onednn_bf16_active")},
+    **{n: ("rlinf_cli.runtime.precision", n) for n in ("fp32_matmuls", "onednn_bf16_active")},
     # algorithms
     **{n: ("rlinf_cli.algorithm", n) for n in
-       ("Algorithm", "MiniBatch", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
-        "clipped_surrogate", "masked_mean", "reference_kl")},
+       ("Algorithm", "MiniBatch", "OptimSpec", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
+        "clipped_surrogate", "linear_decay", "masked_mean", "reference_kl")},
     "Experience": ("rlinf_cli.experience", "Experience"),
     # accelerators
     "TorchBackend": ("rlinf_cli.accel", "TorchBackend"),

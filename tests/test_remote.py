@@ -535,7 +535,7 @@ def test_streams_beyond_the_cap_are_refused() -> None:
 
     import grpc
 
-    from rlinf_cli.remote.server import max_streams
+    from rlinf_cli.remote.messages import max_streams
 
     server = EnvServer(CounterSim(), ServeConfig(port=0, max_sessions=1), "test")
     opened = threading.Semaphore(0)

@@ -635,7 +635,7 @@ class EmbodiedCollector:
     def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> Any:
         """The dataset writer ``format`` names: rlinf's own, or LeRobot v3.0 (rlinf_cli/data/lerobot.py)."""
         from rlinf_cli.data.dataset import DatasetWriter
-        from rlinf_cli.data.lerobot import writer_for
+        from rlinf_cli.data.lerobot_writer import writer_for
 
         if self.cfg.get("format", "rlinf") == "lerobot":
             writer = writer_for(self.cfg, self.sim, provenance)

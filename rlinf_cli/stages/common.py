@@ -235,7 +235,7 @@ def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, 
     """A resumable checkpoint: every rank hands in its collector state and RNGs (rank 0 writes
     them), and the engine its optimizer state; the policy's weights come whole from rank 0."""
     from rlinf_cli import checkpoint as ckpt
-    from rlinf_cli.runtime.engine import gather_to_first
+    from rlinf_cli.runtime.dist import gather_to_first
 
     mine: dict[str, Any] = dict(collector.state()) if collector is not None and state is not None else {}
     if rank > 0 and state is not None:
