@@ -20,6 +20,7 @@ import pluggy
 from rlinf_cli import hookspecs
 from rlinf_cli.hookspecs import API_VERSION
 from rlinf_cli.errors import UserError, shown
+from rlinf_cli.settings import plain
 
 ENTRY_POINT_GROUP = "rlinf"
 # The extra a simulator plugin lists the other plugins under that `rlinf rl` / `sft` need with it
@@ -376,8 +377,6 @@ def get_registry() -> Registry:
 
 def make_simulator(node: Any) -> Any:
     """Build the simulator a ``sim`` config node names (torch-free: the env server uses it too)."""
-    from rlinf_cli.settings import plain
-
     data = dict(plain(node))
     return get_registry().load("simulator", data["name"])(data)
 

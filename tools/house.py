@@ -3,7 +3,9 @@
 - no import circle between rlinf_cli modules, counting imports inside functions too;
 - an import inside a function only where it keeps a heavy dependency (torch, a simulator, Ray,
   gRPC, MLflow, ...) off the import path of its module: the imported module, followed through its
-  module-level imports, must reach one; a light module is imported at the top;
+  module-level imports, must reach one; a light module is imported at the top. The one exception
+  is the entry point, ``cli.py``: each command loads its own modules when it runs, so that
+  ``rlinf --help`` loads none of them (measured: hoisting its light imports costs ~90 ms of ~380);
 - no module over 450 lines; no function in stages/, collectors/, runtime/ over 60 lines.
 
     python tools/house.py          # prints every breach, exit 1 if any
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rlinf_cli"
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
 SHORT_FUNCTIONS_IN = ("stages", "collectors", "runtime")
+LAZY_ENTRY = {"rlinf_cli.cli"}  # the command line: --help loads no command's modules
 # Third-party packages whose import costs enough (or may be absent) to justify a deferred import.
 HEAVY = {"torch", "numpy", "transformers", "mlflow", "deepspeed", "ray", "grpc", "gymnasium", "safetensors",
          "lz4", "pyarrow", "PIL", "imageio", "av", "matplotlib", "tokenizers", "sqlalchemy", "alembic",
@@ -180,7 +183,7 @@ def breaches() -> dict[str, list[str]]:
     needless = [f"{m.path.relative_to(ROOT.parent)}:{line} imports {target} inside a function, but {target} "
                 "reaches no heavy dependency: import it at the top"
                 for m in known.values() for target, line in m.deferred
-                if target not in heavy and known[target].path.name != "__init__.py"]
+                if target not in heavy and known[target].path.name != "__init__.py" and m.name not in LAZY_ENTRY]
     return {
         "import circles": [" <-> ".join(c) for c in _cycles(known)],
         "needless deferred imports": needless,

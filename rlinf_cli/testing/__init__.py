@@ -21,6 +21,13 @@ from typing import Any, Callable
 
 from rlinf_cli.testing.plugins import CONTRACT_KINDS, installed, kinds_of, unknown_plugin
 from rlinf_cli.testing.report import Check, ContractFailure, require
+from rlinf_cli.testing.accelerator import accelerator_checks
+from rlinf_cli.testing.algorithm import algorithm_checks
+from rlinf_cli.testing.executor import executor_checks
+from rlinf_cli.testing.model import model_checks
+from rlinf_cli.testing.plugins import option, spec_of
+from rlinf_cli.testing.report import Checks
+from rlinf_cli.testing.simulator import simulator_checks
 
 __all__ = ["CONTRACT_KINDS", "Check", "ContractFailure", "check_accelerator", "check_algorithm", "check_executor",
            "check_model", "check_simulator", "contract_checks", "installed", "kinds_of", "model_checks_for",
@@ -31,10 +38,6 @@ def model_checks_for(name: str, factory: Callable[..., Any] | None = None,
                      config: dict[str, Any] | None = None) -> list[Check]:
     """Rows of the model contract for the installed model ``name`` (its factory and
     ``conf/model/NAME.yaml``), or for ``factory(config, env_spec)`` when given (not installed yet)."""
-    from rlinf_cli.testing.model import model_checks
-    from rlinf_cli.testing.plugins import option, spec_of
-    from rlinf_cli.testing.report import Checks
-
     if factory is None:
         spec = spec_of("model", name)
         checks = Checks()
@@ -47,28 +50,18 @@ def model_checks_for(name: str, factory: Callable[..., Any] | None = None,
 
 def contract_checks(kind: str, name: str, workdir: Path | None = None) -> list[Check]:
     """Rows of ``kind``'s contract for the installed plugin ``name``; never raises for a failed check."""
-    from rlinf_cli.testing.plugins import spec_of
-
     if kind in ("model", "algorithm") and spec_of(kind, name).attrs.get("modality") == "text":
         return [Check("contract", True, f"skipped: a text-modality {kind} is checked on a text task "
                       "(rlinf's tests/test_text_contract.py), not by these checks")]
     if kind == "model":
         return model_checks_for(name)
     if kind == "algorithm":
-        from rlinf_cli.testing.algorithm import algorithm_checks
-
         return algorithm_checks(name, workdir)
     if kind == "simulator":
-        from rlinf_cli.testing.simulator import simulator_checks
-
         return simulator_checks(name)
     if kind == "accelerator":
-        from rlinf_cli.testing.accelerator import accelerator_checks
-
         return accelerator_checks(name)
     if kind == "executor":
-        from rlinf_cli.testing.executor import executor_checks
-
         return executor_checks(name)
     raise ValueError(f"no contract for kind {kind!r}; kinds: {', '.join(CONTRACT_KINDS)}")
 

@@ -17,6 +17,8 @@ from typing import Any
 from rlinf_cli.testing.plugins import option, spec_of
 from rlinf_cli.testing.report import Check, Checks, finite, shape_of
 from rlinf_cli.testing.runs import metrics, rlinf, untimed
+from rlinf_cli.errors import UserError
+from rlinf_cli.registry import make_simulator
 
 COMMON = ["tracking.enabled=false", "progress=false"]
 SFT_EPOCHS = 5
@@ -139,9 +141,6 @@ def _loss_falls(algo: Any, steps: int = 25, batch: int = 64) -> str:
 
 # -- tiny runs ---------------------------------------------------------------------------------
 def _accepts_cartpole(algo: Any) -> bool:
-    from rlinf_cli.errors import UserError
-    from rlinf_cli.registry import make_simulator
-
     try:
         algo.check(make_simulator({"name": "gymnasium", "env_id": "CartPole-v1"}).spec)
     except UserError:

@@ -10,6 +10,7 @@ import sys
 
 from rlinf_cli.errors import UserError, error_line
 from rlinf_cli.testing.plugins import CONTRACT_KINDS, kinds_of, unknown_plugin
+from rlinf_cli.testing.plugins import spec_of
 
 
 def resolve_kind(name: str, kind: str | None) -> str:
@@ -17,7 +18,6 @@ def resolve_kind(name: str, kind: str | None) -> str:
     if kind is not None:
         if kind not in CONTRACT_KINDS:
             raise UserError(f"unknown plugin kind '{kind}'; choose one of {', '.join(CONTRACT_KINDS)}")
-        from rlinf_cli.testing.plugins import spec_of
 
         spec_of(kind, name)  # an unknown name: the registry's one line
         return kind

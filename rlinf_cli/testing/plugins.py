@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_cli.errors import UserError
+from rlinf_cli.registry import get_registry, unknown_name_message
 
 # the kinds with a contract, in the order `rlinf check-plugin NAME` looks a name up
 CONTRACT_KINDS = ("model", "algorithm", "simulator", "accelerator", "executor")
@@ -13,23 +14,17 @@ CONTRACT_KINDS = ("model", "algorithm", "simulator", "accelerator", "executor")
 def installed(kind: str, *, embodied: bool = False) -> list[Any]:
     """Registered specs of ``kind``, by name; ``embodied``: without text-modality ones (their
     contracts are the text-task checks, tests/test_text_contract.py)."""
-    from rlinf_cli.registry import get_registry
-
     specs = sorted(get_registry().specs(kind).values(), key=lambda s: s.name)
     return [s for s in specs if not (embodied and s.attrs.get("modality") == "text")]
 
 
 def spec_of(kind: str, name: str) -> Any:
     """The registered spec; an unknown name is the registry's usual one-line error."""
-    from rlinf_cli.registry import get_registry
-
     return get_registry().get(kind, name)
 
 
 def kinds_of(name: str) -> list[str]:
     """The contract kinds under which ``name`` is registered (a name is unique per kind only)."""
-    from rlinf_cli.registry import get_registry
-
     reg = get_registry()
     return [k for k in CONTRACT_KINDS if name in reg.specs(k)]
 
@@ -39,7 +34,6 @@ def unknown_plugin(name: str) -> UserError:
     installed name (a typo names its neighbour), models otherwise."""
     import difflib
 
-    from rlinf_cli.registry import get_registry, unknown_name_message
 
     reg = get_registry()
     kind = next((k for k in CONTRACT_KINDS if difflib.get_close_matches(name, list(reg.specs(k)), n=1)), "model")

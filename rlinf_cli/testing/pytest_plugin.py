@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rlinf_cli.testing.plugins import installed
 
 FIXTURES = {"rlinf_simulator": "simulator", "rlinf_model": "model", "rlinf_algorithm": "algorithm",
             "rlinf_accelerator": "accelerator", "rlinf_executor": "executor"}
@@ -35,8 +36,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _params(kind: str, only: list[str]) -> list[Any]:
-    from rlinf_cli.testing.plugins import installed
-
     specs = [s for s in installed(kind, embodied=kind != "accelerator") if not only or s.name in only]
     return [pytest.param(s.name, id=s.name, marks=[getattr(pytest.mark, s.attrs["test_marker"])]
                          if s.attrs.get("test_marker") else []) for s in specs]
