@@ -4,7 +4,7 @@ process (medians over --repeats).
 
 - compose: one Hydra composition plus Hydra's override step on it (``rlinf_cli.config.compose``)
   vs two full compositions (the group choices alone, then again with the value overrides).
-- new store: a new sqlite store copied from the cached empty one (``tracking._new_client``) vs
+- new store: a new sqlite store copied from the cached empty one (``tracking_store.new_client``) vs
   MLflow creating it by its migrations (an empty cache directory each time).
 - optimizer: a fresh process making rlinf's LeanAdam and taking a first step vs the same with
   ``torch.optim.Adam`` (what LeanAdam's first step and constructor went through before: torch's
@@ -51,12 +51,12 @@ def compose_twice(stage: str, overrides: list[str]) -> object:
 
 
 def new_store(root: Path, cache: Path) -> None:
-    from rlinf_cli import tracking
+    from rlinf_cli import tracking_store
 
     os.environ["RLINF_CACHE_DIR"] = str(cache)
     root.mkdir(parents=True)
     db = root / "mlflow.db"
-    client = tracking._new_client(f"sqlite:///{db}", db)
+    client = tracking_store.new_client(f"sqlite:///{db}", db)
     client.get_experiment("0")
 
 

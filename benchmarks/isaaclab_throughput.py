@@ -83,7 +83,7 @@ def measure(sizes: list[int], steps: int, repeats: int, assets: str, remote: boo
 
         from rlinf_cli.remote.server import EnvServer, ServeConfig
         from rlinf_cli.runtime.placement import runtime_config
-        from rlinf_cli.runtime.workers import hosted_vec_env
+        from rlinf_cli.runtime.hosting import hosted_vec_env
 
         server = EnvServer(sim, ServeConfig(port=0, start_method="spawn"), "isaaclab")
         remote_sim = RemoteSimulator({"address": f"127.0.0.1:{server.start()}"})

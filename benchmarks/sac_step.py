@@ -127,7 +127,7 @@ def main() -> None:
     env = gym.make(args.task)
     data = random_transitions(env.observation_space.shape[0], env.action_space.shape[0], args.seed)
     print(machine_line())
-    from rlinf_cli.runtime.engine import onednn_bf16_available
+    from rlinf_cli.runtime.precision import onednn_bf16_available
 
     variants: dict[str, Callable[[int], None]] = {
         "rlinf fp32": rlinf_stepper(args.task, data, False, args.seed, hidden),

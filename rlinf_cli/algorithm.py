@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import torch
 
@@ -44,6 +44,30 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError("epochs and minibatch_size must be >= 1")
+
+
+def linear_decay(done: float) -> float:
+    """Learning-rate factor falling linearly from 1 to 0 over the run (``done``: fraction of it done)."""
+    return max(1.0 - done, 0.0)
+
+
+#: Adam's epsilon unless an algorithm declares its own (CleanRL's and the PPO paper's 1e-5, not torch's 1e-8).
+ADAM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """How an algorithm wants its parameters optimised: Adam (AdamW with ``weight_decay``) with
+    these settings. The algorithm declares it (:attr:`Algorithm.optim`); the engine runs it and
+    decides nothing of it (rlinf_cli/runtime/engine.py)."""
+
+    lr: float  # the learning rate the run starts with
+    # learning-rate factor of the fraction of the run done (``lr * schedule(done)``);
+    # None: the rate stays as it is
+    schedule: Callable[[float], float] | None = None
+    max_grad_norm: float | None = None  # clip the global gradient norm to this; None: no clipping
+    weight_decay: float = 0.0  # > 0: AdamW's decoupled weight decay
+    eps: float = ADAM_EPS  # Adam's epsilon
 
 
 @dataclass(frozen=True)
@@ -137,12 +161,13 @@ class Algorithm:
         return RolloutSpec(self.rollout)
 
     @property
-    def optim(self) -> Any:
-        """Optimizer settings for the engine (an :class:`~rlinf_cli.runtime.engine.OptimSpec`)."""
-        from rlinf_cli.runtime.engine import OptimSpec
-
+    def optim(self) -> OptimSpec:
+        """The optimizer settings the engine runs: by default TrainConfig's ``lr``, ``anneal_lr``
+        (a linear decay to 0), ``max_grad_norm`` and ``weight_decay``, with Adam's eps 1e-5. An
+        algorithm with other needs declares its own here."""
         c = self.config
-        return OptimSpec(float(c.lr), bool(c.anneal_lr), c.max_grad_norm, float(c.weight_decay or 0.0))
+        return OptimSpec(lr=float(c.lr), schedule=linear_decay if c.anneal_lr else None,
+                         max_grad_norm=c.max_grad_norm, weight_decay=float(c.weight_decay or 0.0), eps=ADAM_EPS)
 
     @property
     def epochs(self) -> int:

@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from rlinf_cli.hookspecs import API_VERSION  # noqa: F401  (kept in the light hookspecs: the registry reads it)
+
 
 @dataclass(frozen=True)
 class ArraySpec:
@@ -148,10 +150,10 @@ class Simulator(Protocol):
 @runtime_checkable
 class HostedSimulator(Simulator, Protocol):
     """A simulator whose envs live outside this process: on an env server (``sim=remote``), a
-    robot's computer. Executors do not start env workers for it; they ask it for worker handles
+    robot's computer. The core starts no env workers for it; it asks it for worker handles
     (:class:`~rlinf_cli.runtime.workers.WorkerHandle`) that reach the envs where they are, and
     step them with the same :class:`~rlinf_cli.runtime.workers.WorkerVecEnv` as local workers
-    (see :func:`~rlinf_cli.runtime.workers.hosted_vec_env`). ``make_env`` still works (one
+    (see :func:`~rlinf_cli.runtime.hosting.hosted_vec_env`). ``make_env`` still works (one
     remote env each), so an executor that knows nothing of this protocol runs it too.
     """
 
@@ -200,8 +202,8 @@ class BatchedEnv(Protocol):
 
 @runtime_checkable
 class BatchedSimulator(Simulator, Protocol):
-    """A simulator that steps many envs as one batch. Executors call :meth:`make_batched_env`
-    instead of starting env workers (:func:`~rlinf_cli.runtime.workers.hosted_vec_env`), and the
+    """A simulator that steps many envs as one batch. The core calls :meth:`make_batched_env`
+    instead of asking an executor for env workers (:func:`~rlinf_cli.runtime.hosting.hosted_vec_env`), and the
     env server hosts one batched env per session (one round trip per batched step).
     ``make_env(i)`` still gives a single env (a batch of one), for tools that want one."""
 
@@ -248,7 +250,12 @@ class VecEnv(Protocol):
 
 
 class Executor(Protocol):
-    """Places env instances: in this process, in worker processes, or on a cluster."""
+    """Places env instances: in this process, in worker processes, or on a cluster.
+
+    Executor plugins subclass ``WorkerExecutor`` (below, in the surface table): its
+    ``make_vec_env`` is the core's (placement, hosted and batched simulators, shards, shared
+    memory, crash recovery) and calls the plugin's ``start_workers(plan)`` only to start workers.
+    """
 
     def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv: ...
 
@@ -366,23 +373,24 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     # models
     **{n: ("rlinf_cli.policy", n) for n in
        ("Policy", "ActOutput", "EvalOutput", "CONFIG_FILE", "MODEL_FILE", "read_model_config")},
-    **{n: ("rlinf_cli.runtime.engine", n) for n in ("fp32_matmuls", "onednn_bf16_active")},
+    **{n: ("rlinf_cli.runtime.precision", n) for n in ("fp32_matmuls", "onednn_bf16_active")},
     # algorithms
     **{n: ("rlinf_cli.algorithm", n) for n in
-       ("Algorithm", "MiniBatch", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
-        "clipped_surrogate", "masked_mean", "reference_kl")},
+       ("Algorithm", "MiniBatch", "OptimSpec", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
+        "clipped_surrogate", "linear_decay", "masked_mean", "reference_kl")},
     "Experience": ("rlinf_cli.experience", "Experience"),
     # accelerators
     "TorchBackend": ("rlinf_cli.accel", "TorchBackend"),
     "select_accelerator": ("rlinf_cli.stages.common", "select_accelerator"),
-    # executors and hosted simulators
-    "placement": ("rlinf_cli.runtime.placement", None),
-    **{n: ("rlinf_cli.runtime.workers", n) for n in
-       ("EnvWorker", "EnvWorkerError", "RemoteError", "SharedObs", "WorkerDied", "WorkerVecEnv",
-        "hosted_vec_env", "last_line", "plan_layout", "worker_shards")},
-    "SyncVecEnv": ("rlinf_cli.runtime.vector", "SyncVecEnv"),
+    # executors: the core places and hosts the envs (WorkerExecutor.make_vec_env); an executor
+    # starts the workers of a WorkerPlan and returns their handles
+    **{n: ("rlinf_cli.runtime.hosting", n) for n in ("WorkerExecutor", "WorkerPlan")},
+    **{n: ("rlinf_cli.runtime.workers", n) for n in ("WorkerHandle", "WorkerDied", "RemoteError")},
+    "EnvWorker": ("rlinf_cli.runtime.env_worker", "EnvWorker"),
+    "start_processes": ("rlinf_cli.runtime.procs", "start_processes"),
+    "cpu_cores": ("rlinf_cli.runtime.placement", "cpu_cores"),
+    # simulators, batched and hosted
     "SingleFromBatched": ("rlinf_cli.runtime.batched", "SingleFromBatched"),
-    "start_workers": ("rlinf_cli.runtime.procs", "start_workers"),
     "wire": ("rlinf_cli.remote.wire", None),
     **{n: ("rlinf_cli.remote.client", n) for n in
        ("Endpoint", "RemoteEnv", "RemoteExpert", "open_workers", "server_info")},

@@ -135,7 +135,7 @@ def _write(tmp: Path, policy: Policy, cfg_yaml: str, engine: Any, state: dict[st
     """The checkpoint's files, into ``tmp``."""
     from safetensors.torch import save_file
 
-    from rlinf_cli.runtime.engine import barrier
+    from rlinf_cli.runtime.dist import barrier
 
     if engine is not None and state is not None:
         barrier()

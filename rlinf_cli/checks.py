@@ -154,9 +154,9 @@ def is_batched(sim: Any) -> bool:
 
 
 def _check_batch(sim: Any, steps: int, seed: int, n: int = 4) -> str:
-    """The batched path the runtime takes (:func:`~rlinf_cli.runtime.workers.hosted_vec_env`)."""
+    """The batched path the runtime takes (:func:`~rlinf_cli.runtime.hosting.hosted_vec_env`)."""
     from rlinf_cli.runtime.placement import runtime_config
-    from rlinf_cli.runtime.workers import hosted_vec_env
+    from rlinf_cli.runtime.hosting import hosted_vec_env
 
     spec: EnvSpec = sim.spec
     env = hosted_vec_env(sim, runtime_config(None), n, True, "check-sim")

@@ -131,20 +131,32 @@ def config_show(
     typer.echo(annotated_yaml(cfg, origins(cfg, overrides, inherited)), nl=False)
 
 
+def _default_mark(stages: tuple[str, ...]) -> str:
+    """`` *`` for a default of every stage, `` *rl,sft`` for some, nothing for none."""
+    from rlinf_cli.registry import STAGES
+
+    return "" if not stages else " *" if set(stages) >= set(STAGES) else " *" + ",".join(stages)
+
+
 @plugins_app.command("list")
 def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Every registered component: kind, name, package, version, summary."""
     from rlinf_cli.registry import get_registry
 
-    specs = get_registry().all_specs()
+    reg = get_registry()
+    specs = reg.all_specs()
     if as_json:
         typer.echo(json.dumps([{"kind": s.kind, "name": s.name, "package": s.package, "version": s.version,
-                                "summary": s.summary, "default": bool(s.default), "factory": s.factory} for s in specs], indent=2))
+                                "summary": s.summary, "default": bool(s.default), "default_stages": list(s.default),
+                                "factory": s.factory, "compatible": s.problem is None,
+                                "api_warning": s.warning} for s in specs], indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    rows = [(s.kind, s.name + (" *" if s.default else ""), s.package, s.version, s.summary) for s in specs]
+    # a plugin built for another plugin API major is listed, marked, and named below the table
+    rows = [(s.kind, s.name + _default_mark(s.default) + (" (incompatible)" if s.problem else ""), s.package,
+             s.version, s.summary) for s in specs]
     heads = ("kind", "name", "package", "version", "summary")
     widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
     console = Console()
@@ -158,9 +170,13 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     for row in rows:
         table.add_row(*row[:len(shown)])
     console.print(table)
+    for problem in reg.incompatible.values():
+        typer.echo(f"incompatible: {problem}")
+    for note in reg.api_notes.values():
+        typer.echo(f"note: {note}")
     note = "" if widths[-1] <= room else "; summaries cut to the terminal's width" if len(shown) == len(heads) else \
         "; no room for summaries at this width"
-    console.print(f"* default when none is chosen{note}" + (" (`rlinf plugins list --json` has them whole)" if note else ""),
+    console.print(f"* default when none is chosen (*rl: for `rlinf rl` only){note}" + (" (`rlinf plugins list --json` has them whole)" if note else ""),
                   style="dim")
 
 
@@ -201,6 +217,21 @@ def check_sim(ctx: typer.Context) -> None:
     failed = [r for r in rows if not r[1]]
     if failed:
         raise UserError(f"{len(failed)} contract check(s) failed for simulator '{cfg.sim.name}': {failed[0][0]}: {failed[0][2]}")
+
+
+@app.command("check-plugin")
+def check_plugin(
+    name: str = typer.Argument(..., help="The plugin's registered name (`rlinf plugins list`)"),
+    kind: Optional[str] = typer.Option(None, "--kind", help="model | algorithm | simulator | accelerator | executor "
+                                       "(only when NAME is registered under several kinds)"),
+) -> None:
+    """Check an installed plugin against its kind's contract (for plugin authors): a table of checks.
+
+    Example: rlinf check-plugin mymodel   (exit 2 and one line per failed check when any fails)
+    """
+    from rlinf_cli.testing.command import check_plugin as run
+
+    raise typer.Exit(run(name, kind))
 
 
 @env_app.command("serve", context_settings=OVERRIDES)

@@ -18,6 +18,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlinf_cli import DISTRIBUTION
+from rlinf_cli.config import CORE_CONF
+from rlinf_cli.recommend import DIRNAME
+from rlinf_cli.registry import get_registry
+
 IMPLICIT = {"defaults": "Hydra's list of config groups this stage composes (not a setting)",
             "name": "registered name of the component this option configures (set by the group choice)"}
 _KEY = re.compile(r"""^(?P<indent>\s*)(?P<key>"[^"]+"|'[^']+'|[^\s#'"\-][^:#]*?|-[^\s:#][^:#]*?)\s*:(?=\s|$)(?P<rest>.*)$""")
@@ -111,10 +116,6 @@ def parse(path: str | Path) -> FileDoc:
 def config_files() -> list[tuple[str, Path]]:
     """``(owner, file)`` for every config YAML of the core and the installed plugins: the
     configs users compose, and each conf dir's renamed-keys table."""
-    from rlinf_cli import DISTRIBUTION
-    from rlinf_cli.config import CORE_CONF
-    from rlinf_cli.registry import get_registry
-
     owners = {CORE_CONF: DISTRIBUTION}
     for spec in get_registry().all_specs():
         if spec.conf_dir is not None:
@@ -128,6 +129,4 @@ def config_files() -> list[tuple[str, Path]]:
 def is_recommendation(path: Path) -> bool:
     """A simulator's task recommendations (rlinf_cli/recommend.py) set existing keys; they are
     documented where they are kept (docs/algorithms.md), not as config options."""
-    from rlinf_cli.recommend import DIRNAME
-
     return path.parent.name == DIRNAME

@@ -17,63 +17,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from rlinf_cli import DISTRIBUTION, __version__
+from rlinf_cli.config import STAGES, compose, default_choice, group_options, renames, stage_groups, translate
 from rlinf_cli.errors import UserError
+from rlinf_cli.registry import GROUP_TO_KIND, get_registry
 
 HISTORY = Path(__file__).resolve().parent / "conf_history"
-RENAMED_FILE = "renamed.yaml"
 CURRENT = "installed"
-
-
-# -- renamed keys ------------------------------------------------------------------------------
-def renames(dirs: Iterable[Path] | None = None) -> dict[str, str]:
-    """``{old key: new key}`` from every ``renamed.yaml`` of the core and the installed plugins."""
-    import yaml
-
-    if dirs is None:
-        from rlinf_cli.config import search_dirs
-
-        dirs = search_dirs()
-    table: dict[str, str] = {}
-    for d in dirs:
-        path = Path(d) / RENAMED_FILE
-        if not path.is_file():
-            continue
-        data = yaml.safe_load(path.read_text()) or {}
-        for old, new in (data.get("renamed") or {}).items():
-            table[str(old)] = str(new)
-    # a key renamed twice (a -> b, later b -> c) points straight at its newest name
-    for old in list(table):
-        seen = {old}
-        while table[old] in table and table[old] not in seen:
-            seen.add(table[old])
-            table[old] = table[table[old]]
-    return table
-
-
-def renamed_key_message(key: str, table: dict[str, str] | None = None) -> str | None:
-    """One line for an override naming a renamed key (or a key under a renamed section), else None."""
-    new_key = translate(key, renames() if table is None else table)
-    return f"config key '{key}' was renamed to '{new_key}'; write {new_key}=... instead" if new_key != key else None
-
-
-def translate(key: str, table: dict[str, str]) -> str:
-    """The current name of a key saved under an older name (unchanged if it was not renamed)."""
-    for old, new in table.items():
-        if key == old or key.startswith(old + "."):
-            return new + key[len(old):]
-    return key
 
 
 # -- snapshots -----------------------------------------------------------------------------------
 def snapshot() -> dict[str, Any]:
     """The installed defaults: every stage's own keys and default choices, every group option."""
     from omegaconf import OmegaConf
-
-    from rlinf_cli import DISTRIBUTION, __version__
-    from rlinf_cli.config import STAGES, compose, group_options, stage_groups
-    from rlinf_cli.registry import GROUP_TO_KIND, get_registry
 
     stages: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
@@ -102,9 +60,6 @@ def installed(stage: str, choices: dict[str, str]) -> dict[str, Any]:
     """The installed defaults of one stage with the given group choices, shaped like a snapshot
     (one composition instead of the whole snapshot)."""
     from omegaconf import OmegaConf
-
-    from rlinf_cli import __version__
-    from rlinf_cli.config import compose, default_choice
 
     cfg = OmegaConf.to_container(compose(stage, [f"{g}={c}" for g, c in choices.items()], recommend=False), resolve=False)
     cfg.pop("choices", None)
@@ -148,7 +103,6 @@ def load(version: str, directory: Path | None = None) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         snap = exc
     if not isinstance(snap, dict) or not isinstance(snap.get("stages"), dict):
-        from rlinf_cli import DISTRIBUTION
 
         raise UserError(f"stored defaults '{path}' are damaged; reinstall {DISTRIBUTION}")
     return snap
@@ -207,9 +161,6 @@ def parse_range(spec: str) -> tuple[str, str]:
 
 def report(stage: str, spec: str, overrides: list[str]) -> str:
     """What changed in ``stage``'s defaults between two versions, for the user's group choices."""
-    from rlinf_cli import __version__
-    from rlinf_cli.config import compose, default_choice, stage_groups
-    from rlinf_cli.registry import GROUP_TO_KIND
 
     old_v, new_v = parse_range(spec)
     current = compose(stage, overrides)  # bad or renamed keys are refused here, as in a run

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rlinf_cli.errors import UserError, one_line, shown
-from rlinf_cli.registry import GROUP_TO_KIND, get_registry, unknown_name_message
+from rlinf_cli.recommend import lookup, override_text
+from rlinf_cli.registry import GROUP_TO_KIND, STAGES, get_registry, unknown_name_message
 
 CORE_CONF = Path(__file__).resolve().parent / "conf"
-STAGES = ("collect", "sft", "rl", "eval", "serve")  # serve: `rlinf env serve`
 _MISSING = object()
 
 
@@ -49,7 +49,7 @@ def default_choice(stage: str, group: str) -> str | None:
     reg = get_registry()
     kind = GROUP_TO_KIND[group]
     for spec in sorted(reg.specs(kind).values(), key=lambda s: s.name):
-        if spec.default is True or (isinstance(spec.default, (tuple, list)) and stage in spec.default):
+        if spec.default_for(stage) and spec.problem is None:
             if spec.name in group_options(group):
                 return spec.name
     core = group_options(group)
@@ -138,8 +138,6 @@ def _apply_recommendations(cfg: Any, set_keys: set[str], parser: Any) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from rlinf_cli.recommend import lookup, override_text
-
     values, label = lookup(cfg, search_dirs()[1:])
     taken = {k.lstrip("+~") for k in set_keys}
 
@@ -183,8 +181,6 @@ def _checked(base: Any, ov: Any) -> str:
     except MissingMandatoryValue:  # a mandatory `???` key: it exists, any value will do
         old = None
     if old is _MISSING:
-        from rlinf_cli.confhistory import renamed_key_message
-
         renamed = renamed_key_message(key)
         if renamed:
             raise UserError(renamed)
@@ -337,8 +333,6 @@ def inherited_overrides(stage: str, overrides: Iterable[str]) -> list[str]:
 
 def _renamed_saved_keys(overrides: list[str]) -> list[str]:
     """A checkpoint saved before a key was renamed: carry its values over to the new key names."""
-    from rlinf_cli.confhistory import renames, translate
-
     table = renames()
     if not table:
         return overrides
@@ -389,3 +383,44 @@ def annotated_yaml(cfg: Any, marks: dict[str, str]) -> str:
               "# '# task recommendation' from the simulator plugin's settings for this task and algorithm",
               "# (listed under 'recommended' at the end); unmarked values are the defaults."]
     return "\n".join([*header, *lines]) + "\n"
+
+
+RENAMED_FILE = "renamed.yaml"
+
+
+# -- renamed keys ------------------------------------------------------------------------------
+def renames(dirs: Iterable[Path] | None = None) -> dict[str, str]:
+    """``{old key: new key}`` from every ``renamed.yaml`` of the core and the installed plugins."""
+    import yaml
+
+    if dirs is None:
+        dirs = search_dirs()
+    table: dict[str, str] = {}
+    for d in dirs:
+        path = Path(d) / RENAMED_FILE
+        if not path.is_file():
+            continue
+        data = yaml.safe_load(path.read_text()) or {}
+        for old, new in (data.get("renamed") or {}).items():
+            table[str(old)] = str(new)
+    # a key renamed twice (a -> b, later b -> c) points straight at its newest name
+    for old in list(table):
+        seen = {old}
+        while table[old] in table and table[old] not in seen:
+            seen.add(table[old])
+            table[old] = table[table[old]]
+    return table
+
+
+def renamed_key_message(key: str, table: dict[str, str] | None = None) -> str | None:
+    """One line for an override naming a renamed key (or a key under a renamed section), else None."""
+    new_key = translate(key, renames() if table is None else table)
+    return f"config key '{key}' was renamed to '{new_key}'; write {new_key}=... instead" if new_key != key else None
+
+
+def translate(key: str, table: dict[str, str]) -> str:
+    """The current name of a key saved under an older name (unchanged if it was not renamed)."""
+    for old, new in table.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return key

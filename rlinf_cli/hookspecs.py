@@ -9,8 +9,12 @@ Every hook receives a ``register`` callback and calls it once per component it p
 - ``factory``: a lazy ``"module:attr"`` string. It is imported only when the component is used,
   so registering never imports torch or a simulator.
 - ``summary``: one line for ``rlinf plugins list``.
-- ``default``: this component is the group's default when the user picks none.
+- ``default``: the stages this component is the group's default for when the user picks none:
+  ``True`` = every stage, a tuple of stage names (``("rl",)``) = those only, ``False`` = none.
 - ``attrs``: kind-specific metadata (for example ``priority`` for accelerators).
+
+The hook module declares the plugin API it is built for, ``RLINF_API = "1.0"``
+(:data:`rlinf_cli.api.API_VERSION`); the registry refuses another major version in one line.
 
 A plugin ships its config options as YAML under a ``conf`` directory beside the module that
 implements the hooks (``conf/sim/<name>.yaml``); the registry adds it to Hydra's search path.
@@ -19,6 +23,12 @@ implements the hooks (``conf/sim/<name>.yaml``); the registry adds it to Hydra's
 from __future__ import annotations
 
 import pluggy
+
+# The plugin API this core speaks, "MAJOR.MINOR". A plugin's hook module declares the version it
+# was built for (``RLINF_API = "1.0"``); the registry refuses a plugin of another MAJOR (named in
+# one line) and warns about one that declares a newer MINOR or nothing (docs/plugins.md). MAJOR
+# goes up when a name here is removed or its contract changes; MINOR when one is added.
+API_VERSION = "1.0"
 
 hookspec = pluggy.HookspecMarker("rlinf")
 hookimpl = pluggy.HookimplMarker("rlinf")

@@ -16,6 +16,8 @@ from torch import nn
 
 from rlinf_cli.api import EnvSpec
 from rlinf_cli.errors import UserError
+from rlinf_cli.registry import get_registry
+from rlinf_cli.settings import plain
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -45,7 +47,6 @@ class Policy(nn.Module):
 
     def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec):
         super().__init__()
-        from rlinf_cli.settings import plain
 
         self.config = dict(plain(config))
         self.env_spec = env_spec
@@ -196,8 +197,6 @@ def load_weights(policy: nn.Module, path: Path, map_location: str | torch.device
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     """Load any rlinf checkpoint: the model plugin is looked up by the name in config.json."""
-    from rlinf_cli.registry import get_registry
-
     meta = read_model_config(path)
     cls = get_registry().load("model", meta["model"]["name"])
     policy = cls.from_pretrained(path, map_location=device)

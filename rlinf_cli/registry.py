@@ -18,13 +18,19 @@ from typing import Any, Callable
 import pluggy
 
 from rlinf_cli import hookspecs
+from rlinf_cli.hookspecs import API_VERSION
 from rlinf_cli.errors import UserError, shown
+from rlinf_cli.settings import plain
 
 ENTRY_POINT_GROUP = "rlinf"
 # The extra a simulator plugin lists the other plugins under that `rlinf rl` / `sft` need with it
 # (a model, an algorithm, an executor): `pip install 'rlinf-sim-x[train]'`. Read from the installed
 # metadata to say what to install, so the core never names a plugin itself.
 TRAIN_EXTRA = "train"
+# The stages a component can be the default for (`register(..., default=("rl",))`)
+STAGES = ("collect", "sft", "rl", "eval", "serve")  # serve: `rlinf env serve`
+# The module-level name in a plugin's hook module that declares the plugin API it was built for
+API_ATTR = "RLINF_API"
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,24 @@ class Spec:
     name: str
     factory: str  # "module:attr", imported on first use
     summary: str = ""
-    default: bool = False
+    # the stages this component is the default for when the user picks none (every stage: STAGES)
+    default: tuple[str, ...] = ()
     package: str = "?"
     version: str = "?"
     conf_dir: Path | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # why it cannot be used (a plugin built for another API major)
+    warning: str | None = None  # said once, on first use (no API version declared, a newer minor)
+
+    def default_for(self, stage: str) -> bool:
+        return stage in self.default
 
     def load(self) -> Any:
         """Import and return the factory object."""
+        if self.problem is not None:  # also refused here: a caller may hold the spec from a listing
+            raise UserError(f"{self.kind} '{self.name}' cannot be used: {self.problem}")
+        if self.warning is not None:
+            _warn_once(self.warning)
         module_name, _, attr = self.factory.partition(":")
         try:
             obj = importlib.import_module(module_name)
@@ -87,6 +103,68 @@ class BrokenPlugin:
     error: str  # "ModuleNotFoundError: No module named 'foo'"
 
 
+def _parse_api(value: Any) -> tuple[int, int] | None:
+    """``"1.0"`` (or ``"1"``) as ``(1, 0)``; None when it is not ``MAJOR[.MINOR]``."""
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*", str(value)) if isinstance(value, (str, int)) else None
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def api_problem(declared: Any, package: str, version: str) -> tuple[str | None, str | None]:
+    """Judge a plugin's declared API version against :data:`API_VERSION`: ``(problem, warning)``.
+
+    Another MAJOR (or a malformed value) is a problem: the plugin's components cannot be used.
+    A newer MINOR works but may ask for names this core lacks; no declaration is taken as
+    compatible for now (plugins written before API versions existed): both are warnings."""
+    core = _parse_api(API_VERSION)
+    assert core is not None
+    who = f"plugin package {package} {version}"
+    if declared is None:
+        return None, (f"{who} declares no plugin API version (set {API_ATTR} = \"{API_VERSION}\" in its hook "
+                      f"module); taken as built for API {core[0]}.x")
+    mine = _parse_api(declared)
+    if mine is None:
+        return (f"{who} declares {API_ATTR} = {declared!r}, not \"MAJOR.MINOR\"; this rlinf-cli speaks plugin API "
+                f"{API_VERSION}: fix the plugin's declaration or reinstall it (`pip install -U {package}`)"), None
+    if mine[0] > core[0]:
+        return (f"{who} was built for plugin API {declared}; this rlinf-cli speaks API {API_VERSION}: upgrade "
+                f"rlinf-cli (`pip install -U rlinf-cli`) or install a release of {package} built for API {core[0]}.x"), None
+    if mine[0] < core[0]:
+        return (f"{who} was built for plugin API {declared}; this rlinf-cli speaks API {API_VERSION}: upgrade the "
+                f"plugin (`pip install -U {package}`) to a release built for API {core[0]}.x, or use a rlinf-cli "
+                f"that speaks API {mine[0]}.x"), None
+    if mine[1] > core[1]:
+        return None, (f"{who} was built for plugin API {declared}, newer than this rlinf-cli's {API_VERSION}: it may "
+                      f"use parts this core lacks; upgrade rlinf-cli (`pip install -U rlinf-cli`)")
+    return None, None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """One ``warning:`` line on stderr, once a process."""
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _parse_default(default: Any, kind: str, name: str, package: str) -> tuple[str, ...]:
+    """``register(default=...)``: True (every stage), False (none) or the stage names."""
+    if default is True:
+        return STAGES
+    if default is False or default is None:
+        return ()
+    stages = (default,) if isinstance(default, str) else default
+    if not isinstance(stages, (tuple, list)) or not all(isinstance(s, str) for s in stages):
+        raise RuntimeError(f"{kind} '{name}' from {package}: default must be True, False or a tuple of stage "
+                           f"names, got {default!r}")
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise RuntimeError(f"{kind} '{name}' from {package}: default names unknown stage(s) {', '.join(unknown)}; "
+                           f"stages: {', '.join(STAGES)}")
+    return tuple(stages)
+
+
 class Registry:
     def __init__(self, pm: pluggy.PluginManager, dists: dict[int, tuple[str, str]] | None = None,
                  broken: list[BrokenPlugin] | None = None):
@@ -94,17 +172,35 @@ class Registry:
         self._dists = dists or {}
         self._specs: dict[str, dict[str, Spec]] = {k: {} for k in KINDS}
         self.broken = list(broken or [])
+        self.incompatible: dict[str, str] = {}  # package -> the one line saying why it cannot be used
+        self.api_notes: dict[str, str] = {}  # package -> a warning about its declared API (said on use)
         self._collect()
 
     def _collect(self) -> None:
         for kind in KINDS.values():
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
                 package, version = self._dists.get(id(impl.plugin), (self.pm.get_name(impl.plugin), "?"))
+                # judged here, said where it matters: a warning when a component is used (not on
+                # every command: an error stays one line), the listing names both
+                problem, warning = api_problem(getattr(impl.plugin, API_ATTR, None), package, version)
+                if warning:
+                    self.api_notes[package] = warning
+                if problem:
+                    self.incompatible[package] = problem
                 conf_dir = _conf_dir_of(impl.plugin)
-                impl.function(register=self._registrar(kind.name, package, version, conf_dir))
+                register = self._registrar(kind.name, package, version, conf_dir, problem, warning)
+                if problem is None:
+                    impl.function(register=register)
+                    continue
+                try:  # its names, so that asking for one says why it cannot be used
+                    impl.function(register=register)
+                except Exception:  # a hook of another API may not even run: the listing names the package
+                    pass
 
-    def _registrar(self, kind: str, package: str, version: str, conf_dir: Path | None) -> Callable:
-        def register(name: str, factory: str, *, summary: str = "", default: bool = False, **attrs: Any) -> None:
+    def _registrar(self, kind: str, package: str, version: str, conf_dir: Path | None,
+                   problem: str | None = None, warning: str | None = None) -> Callable:
+        def register(name: str, factory: str, *, summary: str = "", default: bool | tuple[str, ...] = False,
+                     **attrs: Any) -> None:
             existing = self._specs[kind].get(name)
             if existing is not None:
                 raise RuntimeError(
@@ -113,7 +209,9 @@ class Registry:
                 )
             if ":" not in factory:
                 raise RuntimeError(f"{kind} '{name}' from {package}: factory must be 'module:attr', got {factory!r}")
-            self._specs[kind][name] = Spec(kind, name, factory, summary, default, package, version, conf_dir, attrs)
+            stages = _parse_default(default, kind, name, package)
+            self._specs[kind][name] = Spec(kind, name, factory, summary, stages, package, version, conf_dir, attrs,
+                                           problem, warning)
 
         return register
 
@@ -128,13 +226,16 @@ class Registry:
         spec = self._specs[kind].get(name)
         if spec is None:
             raise UserError(unknown_name_message(kind, name, sorted(self._specs[kind]), self.broken))
+        if spec.problem is not None:
+            raise UserError(f"{kind} '{name}' cannot be used: {spec.problem}")
         return spec
 
     def load(self, kind: str, name: str) -> Any:
         return self.get(kind, name).load()
 
-    def default(self, kind: str) -> str | None:
-        defaults = [s.name for s in self._specs[kind].values() if s.default]
+    def default(self, kind: str, stage: str) -> str | None:
+        """The usable component registered as ``stage``'s default (the first by name if several)."""
+        defaults = [s.name for s in self._specs[kind].values() if s.default_for(stage) and s.problem is None]
         return sorted(defaults)[0] if defaults else None
 
     def missing_message(self, kind: str, simulator: str | None = None) -> str:
@@ -276,8 +377,6 @@ def get_registry() -> Registry:
 
 def make_simulator(node: Any) -> Any:
     """Build the simulator a ``sim`` config node names (torch-free: the env server uses it too)."""
-    from rlinf_cli.settings import plain
-
     data = dict(plain(node))
     return get_registry().load("simulator", data["name"])(data)
 

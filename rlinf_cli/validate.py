@@ -45,7 +45,7 @@ COMMON: list[Rule] = [
     ("runtime.worker_timeout_s", lambda v: isinstance(v, (int, float)) and v > 0, "a number of seconds > 0"),
     ("tracking.flush_s", *_NON_NEGATIVE),
     # bool or the word: `train.bf16=true` arrives as a bool, `train.bf16=auto` as a string; null is
-    # auto, as the engine reads it (runtime/engine.py: bf16_setting)
+    # auto, as the engine reads it (runtime/precision.py: bf16_setting)
     ("train.bf16", lambda v: v is None or isinstance(v, bool) or str(v).strip().lower() in ("auto", "true", "false"),
      "auto, true or false"),
 ]

@@ -30,7 +30,7 @@ from rlinf_cli.errors import UserError  # noqa: E402
 from rlinf_cli.runtime.batched import BatchedVecEnv  # noqa: E402
 from rlinf_cli.runtime.placement import runtime_config  # noqa: E402
 from rlinf_cli.runtime.vector import ReplayError  # noqa: E402
-from rlinf_cli.runtime.workers import hosted_vec_env  # noqa: E402
+from rlinf_cli.runtime.hosting import hosted_vec_env  # noqa: E402
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 

@@ -41,7 +41,7 @@ class MatmulDtypes(TorchDispatchMode):
 def _onednn_rounds_the_hidden_layers() -> bool:
     """Whether oneDNN's bf16 math mode really rounds the toy SAC network's hidden products (32x32
     at batch 64) on this CPU: measured, as the engine measures it, never assumed from the CPU flags."""
-    from rlinf_cli.runtime.engine import onednn_bf16_available, onednn_bf16_rounds
+    from rlinf_cli.runtime.precision import onednn_bf16_available, onednn_bf16_rounds
 
     return onednn_bf16_available() and not onednn_bf16_rounds([(32, 32)], batch=64)
 
@@ -74,7 +74,7 @@ def _gradient_step(policy, algo, engine, batch, modes: list | None = None
                    ) -> tuple[torch.Tensor, dict, list[torch.dtype], dict]:
     """One step as rlinf_cli/runtime/update.py takes it; also the dtypes the policy's outputs had
     (and, into ``modes``, oneDNN's fp32 math mode at each matrix product)."""
-    from rlinf_cli.runtime.engine import mixed_precision_active
+    from rlinf_cli.runtime.precision import mixed_precision_active
 
     seen: dict[str, list[torch.dtype]] = {"logp": [], "q": [], "autocast": []}
     sample, q_values = policy.sample, policy.q_values
@@ -141,7 +141,7 @@ def test_bf16_runs_the_matmuls_in_bf16_and_keeps_losses_log_probs_and_weights_fp
 def test_onednn_bf16_keeps_first_and_output_layers_in_full_fp32():
     """Under the engine's oneDNN bf16 math the MLP rounds only its hidden layers' products:
     observations going in and Q values coming out keep their digits."""
-    from rlinf_cli.runtime.engine import onednn_bf16_matmuls
+    from rlinf_cli.runtime.precision import onednn_bf16_matmuls
 
     if not _onednn_rounds_the_hidden_layers():
         pytest.skip("this CPU's oneDNN does not round 32x32 products at batch 64 under its bf16 math mode (measured)")
@@ -163,12 +163,13 @@ def test_onednn_math_that_does_not_round_falls_back_to_autocast_and_says_so(monk
     (a Zen 4 at small sizes; ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 on a Sapphire Rapids): the engine
     measures it, trains under autocast (whose bf16 tensors round by construction), says so in one
     line and records the precision that ran."""
-    from rlinf_cli.runtime import engine as eng
+    from rlinf_cli.runtime import engine as eng, precision
 
+    # patched where the engine looks them up
     monkeypatch.setattr(eng, "onednn_bf16_available", lambda: True)
     probed: list = []
 
-    def nothing_rounds(shapes, batch=eng.PROBE_BATCH):
+    def nothing_rounds(shapes, batch=precision.PROBE_BATCH):
         probed.extend(shapes)
         return list(shapes)
 
@@ -176,7 +177,7 @@ def test_onednn_math_that_does_not_round_falls_back_to_autocast_and_says_so(monk
     policy, algo, engine, batch = _sac(True)
     assert set(probed) == {(32, 32)}  # the hidden layers only: input and output layers stay fp32 by design
     assert engine.bf16 and not engine.onednn_bf16 and engine.precision == "bf16-autocast"
-    note = eng.precision_note(engine)
+    note = precision.precision_note(engine)
     assert "keeps these layers' products in full fp32" in note and "32x32" in note and "autocast instead" in note
     _, _, matmuls, _ = _gradient_step(policy, algo, engine, batch)
     assert torch.bfloat16 in matmuls  # and bf16 really ran
@@ -185,7 +186,7 @@ def test_onednn_math_that_does_not_round_falls_back_to_autocast_and_says_so(monk
 def test_the_probe_measures_rounding():
     """``onednn_bf16_rounds`` reports a shape as unrounded exactly when the flag leaves its
     product bit-equal to fp32; with the flag ignored (no bf16 kernels), every shape."""
-    from rlinf_cli.runtime import engine as eng
+    from rlinf_cli.runtime import precision as eng
 
     shapes = [(32, 32), (256, 256), (32, 32)]
     out = eng.onednn_bf16_rounds(shapes)
@@ -204,13 +205,14 @@ def test_precision_that_ran_is_recorded():
 def test_policies_with_convolutions_keep_autocast():
     """oneDNN's fp32 mode is slower than autocast's bf16 kernels for convolutions (measured): a
     pixel policy stays with autocast."""
-    from rlinf_cli.runtime.engine import OptimSpec, make_engine
+    from rlinf_cli.algorithm import OptimSpec
+    from rlinf_cli.runtime.engine import make_engine
     from rlinf_model_mlp.model import MLPPolicy
 
     spec = EnvSpec({"rgb": ArraySpec((16, 16, 3), "uint8", 0, 255)}, ArraySpec((2,), "float32", -1.0, 1.0))
     policy = MLPPolicy({"name": "mlp", "obs_keys": ["rgb"], "hidden_sizes": [16], "cnn_channels": [4],
                         "cnn_kernels": [4], "cnn_strides": [2], "cnn_features": 8}, spec)
-    engine = make_engine(policy, OptimSpec(1e-3, False, None), {"backend": "torch", "bf16": True})
+    engine = make_engine(policy, OptimSpec(1e-3), {"backend": "torch", "bf16": True})
     assert engine.bf16 and not engine.onednn_bf16
     with engine.autocast():
         assert torch.is_autocast_enabled("cpu")
@@ -245,7 +247,7 @@ def test_ppo_trains_under_the_same_autocast(cli, monkeypatch):
     evaluate = MLPPolicy.evaluate
 
     def spy(self, obs, action):
-        from rlinf_cli.runtime.engine import mixed_precision_active
+        from rlinf_cli.runtime.precision import mixed_precision_active
 
         out = evaluate(self, obs, action)
         calls.append((mixed_precision_active("cpu"), out.logprob.dtype))
@@ -316,7 +318,7 @@ def test_sac_learns_pendulum_in_bf16(workdir, learning):
 
 def test_bf16_null_means_auto():
     """`train.bf16=null` passes validation and the engine reads it as auto (fp32 on the torch backend)."""
-    from rlinf_cli.runtime.engine import bf16_setting
+    from rlinf_cli.runtime.precision import bf16_setting
     from rlinf_cli.validate import COMMON
 
     rule = next(r for r in COMMON if r[0] == "train.bf16")

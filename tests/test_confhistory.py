@@ -7,7 +7,7 @@ import copy
 import pytest
 import yaml
 
-from rlinf_cli import confhistory
+from rlinf_cli import config, confhistory
 from rlinf_cli.config import STAGES
 
 
@@ -104,7 +104,7 @@ def renamed(tmp_path, monkeypatch):
 
 
 def test_an_old_key_is_refused_naming_its_new_name(cli, renamed):
-    assert confhistory.renames()["sim.env_name"] == "sim.env_id"  # chains resolve to the newest name
+    assert config.renames()["sim.env_name"] == "sim.env_id"  # chains resolve to the newest name
     res = cli("rl", "algo.learning_rate=0.01")
     assert res.code == 2
     assert "config key 'algo.learning_rate' was renamed to 'algo.lr'; write algo.lr=... instead" in res.err

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlinf_cli.api import TASK_KEY, ArraySpec, EnvSpec
-from rlinf_cli.runtime.engine import onednn_bf16_matmuls
+from rlinf_cli.runtime.precision import onednn_bf16_matmuls
 from rlinf_model_mlp.model import MLPPolicy
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again

@@ -78,7 +78,7 @@ def test_a_store_whose_creation_fails_leaves_nothing_and_the_next_run_works(cli,
 def test_a_store_an_older_rlinf_left_half_built_gets_the_recovery_hint():
     from sqlalchemy.exc import OperationalError
 
-    from rlinf_cli.tracking import store_error
+    from rlinf_cli.tracking_store import store_error
 
     line = store_error("sqlite:////x/mlflow.db", OperationalError("CREATE TABLE trace_info", {},
                                                                    Exception("table trace_info already exists")))
@@ -94,11 +94,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def store(workdir) -> Path:
-    from rlinf_cli import tracking
+    from rlinf_cli.tracking import default_uri
+    from rlinf_cli.tracking_store import new_client
 
     db = workdir / "rlinf_runs" / "mlflow.db"
     db.parent.mkdir()
-    tracking._new_client(tracking.default_uri(db.parent), db)
+    new_client(default_uri(db.parent), db)
     return db
 
 

@@ -67,3 +67,52 @@ def test_importing_the_surface_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def _exported() -> set[str]:
+    """The names ``rlinf_cli.api`` exports: those it defines (the contracts) or takes from the core at
+    its top, and its surface table."""
+    import rlinf_cli.api as api
+
+    tree = ast.parse((REPO / "rlinf_cli" / "api.py").read_text())
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlinf_cli"):
+            defined |= {a.asname or a.name for a in node.names}  # API_VERSION, kept in the light hookspecs
+    return {n for n in defined if not n.startswith("_")} | set(api._SURFACE)
+
+
+def _documented() -> list[str]:
+    """The names in docs/plugins.md's table of the plugin surface (its second column)."""
+    text = (REPO / "docs" / "plugins.md").read_text()
+    section = text.split("## The plugin surface", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    return [n for row in rows for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", row[2])]
+
+
+def test_the_documented_surface_is_exactly_what_the_api_exports():
+    documented = _documented()
+    assert len(documented) == len(set(documented)), sorted(n for n in documented if documented.count(n) > 1)
+    exported = _exported()
+    assert not set(documented) - exported, f"documented in docs/plugins.md, not exported: {sorted(set(documented) - exported)}"
+    assert not exported - set(documented), f"exported by rlinf_cli.api, not documented: {sorted(exported - set(documented))}"
+
+
+def test_every_exported_name_resolves():
+    import rlinf_cli.api as api
+
+    assert not [n for n in _exported() if not hasattr(api, n)]
+
+
+def test_the_executor_surface_is_small():
+    """The core hosts envs; an executor only starts workers (issue 32: it once took 11 names
+    from the runtime's internals)."""
+    text = (REPO / "docs" / "plugins.md").read_text().split("## The plugin surface", 1)[1]
+    row = next(line for line in text.splitlines() if line.startswith("| executor |"))
+    assert len(re.findall(r"`(\w+)`", row)) <= 10

@@ -20,7 +20,8 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.remote.server import EnvServer, ServeConfig
 from rlinf_cli.runtime.codec import Packed
-from rlinf_cli.runtime.workers import EnvWorkerError, Reply
+from rlinf_cli.runtime.env_worker import Reply
+from rlinf_cli.runtime.workers import EnvWorkerError
 from rlinf_executor_local.executor import LocalExecutor
 from rlinf_sim_remote.sim import RemoteSimulator
 from test_runtime_workers import _assert_same, _trace
@@ -534,7 +535,7 @@ def test_streams_beyond_the_cap_are_refused() -> None:
 
     import grpc
 
-    from rlinf_cli.remote.server import max_streams
+    from rlinf_cli.remote.messages import max_streams
 
     server = EnvServer(CounterSim(), ServeConfig(port=0, max_sessions=1), "test")
     opened = threading.Semaphore(0)

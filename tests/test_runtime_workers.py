@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fake_sims import CounterSim
-from rlinf_cli.runtime.placement import choose_mode
-from rlinf_cli.runtime.workers import EnvWorkerError, plan_shards
+from rlinf_cli.runtime.placement import choose_mode, plan_shards
+from rlinf_cli.runtime.workers import EnvWorkerError
 from rlinf_executor_local.executor import LocalExecutor
 
 
@@ -225,3 +225,53 @@ def test_workers_see_the_drivers_environment_of_now(monkeypatch) -> None:
         assert env.reset([0, 1])["state"][:, 3].tolist() == [17.0, 17.0]
     finally:
         env.close()
+
+
+class _PlanRecorder:
+    """An executor written from ``rlinf_cli.api`` alone: it only starts the workers the core plans."""
+
+    @staticmethod
+    def make(fail: bool = False):
+        from rlinf_cli.api import RemoteError, WorkerExecutor, start_processes
+
+        class Mine(WorkerExecutor):
+            name = "mine"
+            in_process = False
+            shared_memory = True
+
+            def start_workers(self, plan):
+                self.plans.append(plan)
+                if fail:
+                    raise RemoteError("Traceback (most recent call last):\nValueError: no envs here")
+                return start_processes(plan)
+
+        ex = Mine({"name": "mine", "runtime": {"mode": "hybrid", "env_workers": 2, "shared_memory": True}})
+        ex.plans = []
+        return ex
+
+
+def test_the_core_plans_and_an_executor_only_starts_workers() -> None:
+    sim = CounterSim(horizon=4, image=True)
+    ex = _PlanRecorder.make()
+    ref_env = _executor("collocated").make_vec_env(sim, 4, True)
+    env = ex.make_vec_env(sim, 4, True)
+    try:
+        (plan,) = ex.plans
+        assert plan.num_workers == 2 and plan.stages == 2 and plan.shm_name is not None
+        assert plan.shards == (((0, 2),), ((2, 4),))
+        assert plan.worker_args(1)[1:3] == ([(2, 4)], True)
+        assert ex.describe() == "mine, hybrid: 4 envs in 2 worker(s)"
+        _assert_same(_trace(ref_env), _trace(env))
+    finally:
+        env.close()
+        ref_env.close()
+
+
+def test_a_worker_that_cannot_start_is_one_line_and_frees_the_shared_memory() -> None:
+    import multiprocessing.shared_memory as shm
+
+    ex = _PlanRecorder.make(fail=True)
+    with pytest.raises(EnvWorkerError, match=r"^an env worker failed to create its envs: ValueError: no envs here$"):
+        ex.make_vec_env(CounterSim(image=True), 4, True)
+    with pytest.raises(FileNotFoundError):
+        shm.SharedMemory(name=ex.plans[0].shm_name)

@@ -1,4 +1,4 @@
-"""A new embedded MLflow store starts as a copy of a cached empty one (tracking._new_client):
+"""A new embedded MLflow store starts as a copy of a cached empty one (tracking_store.new_client):
 the copy must be the store MLflow would have made, and a bad copy must not break tracking."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_cli import tracking
+from rlinf_cli import tracking_store
 
 
 def _schema(db: Path) -> list[tuple[str, str]]:
@@ -37,14 +37,14 @@ def _store(root: Path, monkeypatch) -> tuple[object, Path]:
     root.mkdir(parents=True)
     monkeypatch.chdir(root)  # MLflow places the default experiment's artifacts under the working directory
     db = root / "mlflow.db"
-    return tracking._new_client(f"sqlite:///{db}", db), db
+    return tracking_store.new_client(f"sqlite:///{db}", db), db
 
 
 def test_second_store_is_the_cached_copy_and_equals_a_migrated_one(tmp_path, cache, monkeypatch):
     import mlflow.store.db.utils as db_utils
 
     first, db_a = _store(tmp_path / "a", monkeypatch)
-    template = tracking._template_path()
+    template = tracking_store.template_path()
     assert template is not None and template.parent == cache and template.is_file()
     assert _rows(template, "SELECT COUNT(*) FROM experiments") == [(0,)]  # no default experiment in the copy
     assert _rows(template, "SELECT COUNT(*) FROM runs") == [(0,)]
@@ -67,7 +67,7 @@ def test_second_store_is_the_cached_copy_and_equals_a_migrated_one(tmp_path, cac
 
 
 def test_a_damaged_cached_copy_is_replaced_and_tracking_works(tmp_path, cache, monkeypatch):
-    template = tracking._template_path()
+    template = tracking_store.template_path()
     template.parent.mkdir(parents=True)
     template.write_bytes(b"not a sqlite file" * 100)
     client, db = _store(tmp_path / "a", monkeypatch)
@@ -80,7 +80,7 @@ def test_a_damaged_cached_copy_is_replaced_and_tracking_works(tmp_path, cache, m
 def test_an_existing_store_is_opened_as_it_is(tmp_path, cache, monkeypatch):
     client, db = _store(tmp_path / "a", monkeypatch)
     exp = client.create_experiment("kept")
-    again = tracking._new_client(f"sqlite:///{db}", db)
+    again = tracking_store.new_client(f"sqlite:///{db}", db)
     assert again.get_experiment_by_name("kept").experiment_id == exp
 
 
@@ -93,7 +93,7 @@ def test_a_copy_that_fails_half_way_leaves_no_store_behind(tmp_path, cache, monk
         Path(dst).write_bytes(Path(src).read_bytes()[:100])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tracking.shutil, "copyfile", full_disk)
+    monkeypatch.setattr(tracking_store.shutil, "copyfile", full_disk)
     root = tmp_path / "b"
     with pytest.raises(OSError):
         _store(root, monkeypatch)

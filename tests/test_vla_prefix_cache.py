@@ -86,7 +86,8 @@ def _train_step(engine, policy: VLAPolicy, obs: dict) -> None:
 
 @pytest.mark.parametrize("head", ["tokens", "chunk"])
 def test_cache_is_dropped_when_the_weights_change(head):
-    from rlinf_cli.runtime.engine import OptimSpec, make_engine
+    from rlinf_cli.algorithm import OptimSpec
+    from rlinf_cli.runtime.engine import make_engine
 
     cached, plain = _pair(head=head)
     obs = _mixed(6, 0, TEXTS)

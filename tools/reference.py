@@ -129,7 +129,8 @@ def config_reference() -> str:
     from rlinf_cli import DISTRIBUTION
     from rlinf_cli.confdoc import IMPLICIT, config_files, parse
     from rlinf_cli.config import CORE_CONF, STAGES, default_choice, stage_groups
-    from rlinf_cli.confhistory import RENAMED_FILE, renames, versions
+    from rlinf_cli.config import RENAMED_FILE, renames
+    from rlinf_cli.confhistory import versions
     from rlinf_cli.registry import GROUP_TO_KIND, KINDS
 
     files = config_files() + repository_config_files(exclude_installed=True)

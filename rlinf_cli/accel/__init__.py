@@ -236,6 +236,7 @@ class CPU:
 
     name = "cpu"
     device_type = "cpu"
+    dist = "gloo"
     visible_devices_env: tuple[str, ...] = ()
     deepspeed_accelerator = "cpu"
     package = DISTRIBUTION
@@ -266,7 +267,7 @@ class CPU:
         pass
 
     def dist_backend(self) -> str:
-        return "gloo"
+        return self.dist
 
     def supports_bf16(self) -> bool:
         return True

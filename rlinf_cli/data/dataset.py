@@ -27,6 +27,7 @@ import numpy as np
 
 from rlinf_cli.api import EnvSpec
 from rlinf_cli.errors import UserError
+from rlinf_cli.locks import FileLock
 
 SCHEMA_VERSION = 1
 META = "meta.json"
@@ -107,8 +108,6 @@ class WriterBase:
 
     def _open(self, path: str | Path, provenance: dict[str, Any]) -> bool:
         """Create or check the directory and take its lock; returns whether the dataset exists."""
-        from rlinf_cli.locks import FileLock
-
         self.path = Path(path)
         self._buffer: list[Any] = []
         self._failed = False

@@ -2,7 +2,9 @@
 
 - :mod:`~rlinf_cli.remote.wire`: how messages are encoded (msgpack; arrays as raw bytes with
   dtype and shape; never pickle), and the checks every received message passes.
-- :mod:`~rlinf_cli.remote.server`: the gRPC server. Each client session is one bidirectional
+- :mod:`~rlinf_cli.remote.messages`: what the server accepts: its settings (``ServeConfig``) and
+  every client message checked (shards, seeds, actions) before it reaches a worker.
+- :mod:`~rlinf_cli.remote.server`: the gRPC server's life cycle and transport. Each client session is one bidirectional
   stream; its envs live in one :class:`~rlinf_cli.runtime.workers.EnvWorker` hosted in a worker
   process (the same process machinery as the local executor's).
 - :mod:`~rlinf_cli.remote.client`: the client side: a

@@ -31,7 +31,8 @@ from rlinf_cli.api import Obs
 from rlinf_cli.errors import UserError
 from rlinf_cli.remote import wire
 from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder
-from rlinf_cli.runtime.workers import ConnectionLost, RemoteError, Reply, WorkerDied, last_line, start_all
+from rlinf_cli.runtime.env_worker import Reply
+from rlinf_cli.runtime.workers import ConnectionLost, RemoteError, WorkerDied, last_line, start_all
 
 _END = object()
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cli.runtime.codec import TEXT_DTYPE, Packed
-from rlinf_cli.runtime.workers import Reply
+from rlinf_cli.runtime.env_worker import Reply
 
 PROTOCOL = 1
 SERVICE = "rlinf.env.v1.EnvServer"

@@ -31,7 +31,7 @@ def _rollout_main(conn: Any, sim_bytes: bytes, policy_cls: type, model_cfg: dict
         from rlinf_cli.runtime.placement import runtime_config
         from rlinf_cli.runtime.rollout import Runner
         from rlinf_cli.runtime.vector import SyncVecEnv
-        from rlinf_cli.runtime.workers import hosted_vec_env
+        from rlinf_cli.runtime.hosting import hosted_vec_env
 
         torch.manual_seed(seed)
         simulator = pickle.loads(sim_bytes)

@@ -7,6 +7,10 @@ Modes (``runtime.mode``):
 - ``hybrid``: envs in workers, the batch split into ``pipeline_stages`` groups so the
   workers simulate one group while the driver runs the policy on another;
 - ``auto``: a short probe of simulator step time against policy inference time picks one.
+
+Shard planning follows from the placement: the batch of ``num_envs`` envs is cut into *shards*,
+the intersection of a contiguous split over workers with a contiguous split over pipeline groups
+(``runtime.pipeline_stages``); each worker owns the shards of its slice.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -169,3 +173,41 @@ def resolve(cfg: RuntimeConfig, simulator: Any, num_envs: int) -> tuple[RuntimeC
     resolved = replace(cfg, mode=choice.mode, env_workers=choice.workers or cfg.env_workers,
                        pipeline_stages=choice.stages if choice.mode == "hybrid" else cfg.pipeline_stages)
     return resolved, choice
+
+
+# -- shard planning -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shard:
+    lo: int  # first global env index
+    hi: int  # one past the last
+    group: int  # pipeline group
+    worker: int  # worker that owns it
+
+
+def plan_shards(num_envs: int, num_workers: int, num_groups: int) -> list[Shard]:
+    """Intersect a contiguous split over workers with a contiguous split over groups."""
+    def bounds(k: int) -> list[int]:
+        sizes = [num_envs // k + (1 if i < num_envs % k else 0) for i in range(k)]
+        return list(np.cumsum([0, *sizes]))
+
+    wb, gb = bounds(num_workers), bounds(num_groups)
+    shards = []
+    for w in range(num_workers):
+        for g in range(num_groups):
+            lo, hi = max(wb[w], gb[g]), min(wb[w + 1], gb[g + 1])
+            if lo < hi:
+                shards.append(Shard(int(lo), int(hi), g, w))
+    return shards
+
+
+def plan_layout(rt: RuntimeConfig, num_envs: int) -> tuple[int, int, list[Shard]]:
+    """``(workers, pipeline stages, shards)`` for a resolved :class:`RuntimeConfig`
+    (every executor places envs the same way)."""
+    workers = num_workers(rt, num_envs)
+    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
+    return workers, stages, plan_shards(num_envs, workers, stages)
+
+
+def worker_shards(shards: Sequence[Shard], worker: int) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` env ranges worker ``worker`` hosts, in shard order."""
+    return [(s.lo, s.hi) for s in shards if s.worker == worker]

@@ -17,12 +17,16 @@ import pickle
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from rlinf_cli.runtime.codec import CodecConfig, Packed
-from rlinf_cli.runtime.workers import RemoteError, Reply, WorkerDied, start_all
+from rlinf_cli.runtime.env_worker import Reply
+from rlinf_cli.runtime.workers import RemoteError, WorkerDied, start_all
+
+if TYPE_CHECKING:
+    from rlinf_cli.runtime.hosting import WorkerPlan
 
 # One thread per worker for every pool a simulator may bring: BLAS/OpenMP, and Mesa's llvmpipe
 # rasteriser (LP_NUM_THREADS), whose per-frame thread hand-offs stall when workers already
@@ -74,7 +78,7 @@ def worker_main(conn: Any, sim_bytes: bytes, shards: list[tuple[int, int]], auto
     if "torch" in sys.modules:  # a simulator that uses torch must not fight the driver for cores
         sys.modules["torch"].set_num_threads(1)
     try:
-        from rlinf_cli.runtime.workers import EnvWorker
+        from rlinf_cli.runtime.env_worker import EnvWorker
 
         simulator = pickle.loads(sim_bytes)
         if "torch" in sys.modules:
@@ -235,7 +239,13 @@ def start_workers(simulator: Any, shard_lists: list[list[tuple[int, int]]], auto
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         # modules the server imports once, so each forked worker starts without re-importing them
-        ctx.set_forkserver_preload(["rlinf_cli.runtime.workers", __name__, type(simulator).__module__])
+        ctx.set_forkserver_preload(["rlinf_cli.runtime.env_worker", __name__, type(simulator).__module__])
     sim_bytes = pickle.dumps(simulator)
     return start_all(lambda i: ProcessWorker(i, ctx, sim_bytes, shard_lists[i], autoreset, codec, shm_name, num_envs,
                                              timeout_s), len(shard_lists))
+
+
+def start_processes(plan: "WorkerPlan") -> list[ProcessWorker]:
+    """The worker processes of a :class:`~rlinf_cli.runtime.hosting.WorkerPlan` on this machine."""
+    return start_workers(plan.simulator, [list(s) for s in plan.shards], plan.autoreset, plan.runtime.codec,
+                         plan.shm_name, plan.num_envs, plan.runtime.start_method, plan.timeout_s)

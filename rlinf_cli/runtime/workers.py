@@ -1,28 +1,27 @@
-"""Env workers: simulator instances stepped away from the driver, in processes or Ray actors.
+"""The driver side of env workers: simulator instances stepped away from the driver, in
+processes, Ray actors or env-server sessions.
 
-The batch of ``num_envs`` envs is cut into *shards*: the intersection of a contiguous split
-over workers with a contiguous split over pipeline groups (``runtime.pipeline_stages``). Each
-worker owns the shards of its slice and steps one shard per request; the driver
-(:class:`WorkerVecEnv`) assembles shards into the batch a policy sees.
-
-Transport is abstract: an executor supplies one :class:`WorkerHandle` per worker (a process
-with a pipe, a Ray actor, ...). What is common lives here: :class:`EnvWorker` (the object a
-worker hosts), observation codecs, shared-memory observation buffers, crash recovery and the
-grouped stepping that lets the hybrid mode overlap simulation with policy inference.
+Each worker owns the shards of its slice (:func:`~rlinf_cli.runtime.placement.plan_shards`) and
+steps one shard per request; the driver (:class:`WorkerVecEnv`) assembles shards into the batch a
+policy sees. Transport is abstract: an executor supplies one :class:`WorkerHandle` per worker (a
+process with a pipe, a Ray actor, ...). What is common lives here: the errors a handle raises,
+crash recovery and the grouped stepping that lets the hybrid mode overlap simulation with policy
+inference. What a worker runs is :mod:`rlinf_cli.runtime.env_worker`; how the core decides where
+envs run and asks an executor for workers is :mod:`rlinf_cli.runtime.hosting`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from rlinf_cli.api import EnvSpec, Obs, Simulator, StepBatch
+from rlinf_cli.api import EnvSpec, Obs, StepBatch
 from rlinf_cli.errors import UserError
-from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder, ObsEncoder, Packed
-from rlinf_cli.runtime.vector import SeededVecEnv, SyncVecEnv, alloc_obs  # noqa: F401 (SyncVecEnv: re-exported)
+from rlinf_cli.runtime.codec import CodecConfig, ObsDecoder
+from rlinf_cli.runtime.env_worker import Reply, SharedObs
+from rlinf_cli.runtime.placement import Shard
+from rlinf_cli.runtime.vector import SeededVecEnv, alloc_obs
 
 
 class EnvWorkerError(UserError):
@@ -61,90 +60,6 @@ class RemoteError(Exception):
     """The simulator raised inside a worker; ``args[0]`` is the remote traceback text."""
 
 
-@dataclass(frozen=True)
-class Shard:
-    lo: int  # first global env index
-    hi: int  # one past the last
-    group: int  # pipeline group
-    worker: int  # worker that owns it
-
-
-def plan_shards(num_envs: int, num_workers: int, num_groups: int) -> list[Shard]:
-    """Intersect a contiguous split over workers with a contiguous split over groups."""
-    def bounds(k: int) -> list[int]:
-        sizes = [num_envs // k + (1 if i < num_envs % k else 0) for i in range(k)]
-        return list(np.cumsum([0, *sizes]))
-
-    wb, gb = bounds(num_workers), bounds(num_groups)
-    shards = []
-    for w in range(num_workers):
-        for g in range(num_groups):
-            lo, hi = max(wb[w], gb[g]), min(wb[w + 1], gb[g + 1])
-            if lo < hi:
-                shards.append(Shard(int(lo), int(hi), g, w))
-    return shards
-
-
-def plan_layout(rt: Any, num_envs: int) -> tuple[int, int, list[Shard]]:
-    """``(workers, pipeline stages, shards)`` for a resolved :class:`~rlinf_cli.runtime.placement.RuntimeConfig`
-    (every executor places envs the same way)."""
-    from rlinf_cli.runtime.placement import num_workers
-
-    workers = num_workers(rt, num_envs)
-    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" else 1
-    return workers, stages, plan_shards(num_envs, workers, stages)
-
-
-def worker_shards(shards: Sequence[Shard], worker: int) -> list[tuple[int, int]]:
-    """The ``(lo, hi)`` env ranges worker ``worker`` hosts, in shard order."""
-    return [(s.lo, s.hi) for s in shards if s.worker == worker]
-
-
-def hosted_vec_env(simulator: Any, rt: Any, num_envs: int, autoreset: bool, executor: str) -> Any:
-    """The vec env of a simulator that brings its own envs; None for others (the executor
-    places single envs itself).
-
-    Every executor calls this first. Two kinds of simulators bring their own:
-
-    - a :class:`~rlinf_cli.api.BatchedSimulator` (Isaac Lab): its engine steps the whole batch
-      in one call, so it runs in this process as one
-      :class:`~rlinf_cli.runtime.batched.BatchedVecEnv`; no env workers, whatever the mode.
-    - a :class:`~rlinf_cli.api.HostedSimulator` (``sim=remote``): its envs already run on env
-      servers, so the executor starts no workers. ``runtime.env_workers`` (0 = the simulator's
-      default: one session per server core, one per server when the served simulator is batched)
-      sets how many sessions the envs are spread over; ``runtime.mode=hybrid`` pipelines them in
-      ``pipeline_stages`` groups as for local workers (not for a batched served simulator: each
-      session holds one batch); other modes step all sessions synchronously. Crash recovery
-      (``runtime.max_restarts``) reopens lost sessions.
-    """
-    from rlinf_cli.api import BatchedSimulator, HostedSimulator
-
-    if isinstance(simulator, BatchedSimulator) and not isinstance(simulator, HostedSimulator):
-        from rlinf_cli.runtime.batched import shard_vec_env
-
-        env = shard_vec_env(simulator, range(num_envs), autoreset)
-        env.label = f"{num_envs} envs as one batch of the simulator's own engine, in this process (no env workers)"
-        return env
-    if not isinstance(simulator, HostedSimulator):
-        return None
-    batched = bool(getattr(simulator, "batched", False))
-    workers = max(1, min(num_envs, rt.env_workers or simulator.default_workers(num_envs)))
-    stages = min(rt.pipeline_stages, num_envs) if rt.mode == "hybrid" and not batched else 1
-    shards = plan_shards(num_envs, workers, stages)
-    try:
-        handles = simulator.connect_workers([worker_shards(shards, w) for w in range(workers)], autoreset, rt.codec,
-                                            rt.worker_timeout_s)
-    except RemoteError as exc:
-        raise EnvWorkerError(f"the remote simulator failed to create its envs: {last_line(exc.args[0] if exc.args else '', 'error')}") from exc
-    except WorkerDied as exc:
-        raise EnvWorkerError(f"could not open env sessions: {exc}") from exc
-    label = (f"{executor}, {'hybrid' if stages > 1 else 'synchronous'}: {num_envs} envs in {workers} session(s) on "
-             f"{simulator.describe()}" + (f", {stages} pipeline stages" if stages > 1 else "")
-             + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else "")
-             + (", one batch per session" if batched else ""))
-    return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
-
-
 def start_all(make: Any, n: int) -> list[Any]:
     """``n`` worker handles ``make(0) .. make(n-1)``, started together, then each waited for:
     all of them ready, or none left running."""
@@ -174,122 +89,6 @@ def last_line(text: Any, default: str) -> str:
     """The last line of a remote traceback or error text: the exception itself."""
     t = str(text).strip()
     return t.splitlines()[-1] if t else default
-
-
-class Reply(NamedTuple):
-    """What a worker returns for one shard request (small; observations may travel apart)."""
-
-    obs: dict[str, Packed] | None  # None: written into shared memory
-    reward: np.ndarray | None
-    terminated: np.ndarray | None
-    truncated: np.ndarray | None
-    success: np.ndarray | None
-    final_obs: Obs | None
-    stats: dict[str, float]
-
-
-class SharedObs:
-    """Observation arrays [num_envs, ...] in one shared-memory block, written by the workers.
-
-    The driver creates it (``create=True``) and unlinks it on close; workers attach by name.
-    """
-
-    def __init__(self, spec: EnvSpec, num_envs: int, name: str | None = None):
-        from multiprocessing import shared_memory
-
-        layout, offset = [], 0
-        for key, s in spec.observation.items():
-            if s.is_text:  # strings cannot live in shared memory: they travel with the reply
-                continue
-            nbytes = int(np.prod((num_envs, *s.shape), dtype=np.int64)) * np.dtype(s.dtype).itemsize
-            layout.append((key, (num_envs, *s.shape), s.dtype, offset))
-            offset += (nbytes + 63) // 64 * 64
-        self.owner = name is None
-        if self.owner:
-            self.shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
-        else:
-            # Attaching must not register the block with this process's resource tracker: the
-            # tracker would unlink it (and warn) when this worker exits, under the driver's feet.
-            from multiprocessing import resource_tracker
-
-            register = resource_tracker.register
-            resource_tracker.register = lambda *a, **k: None  # type: ignore[assignment]
-            try:
-                self.shm = shared_memory.SharedMemory(name=name)
-            finally:
-                resource_tracker.register = register  # type: ignore[assignment]
-        self.name = self.shm.name
-        self.arrays = {key: np.ndarray(shape, dtype=dtype, buffer=self.shm.buf, offset=off)
-                       for key, shape, dtype, off in layout}
-
-    def close(self) -> None:
-        self.arrays = {}
-        try:
-            self.shm.close()
-            if self.owner:
-                self.shm.unlink()
-        except (FileNotFoundError, BufferError):
-            pass
-
-
-class EnvWorker:
-    """The object a worker hosts: one VecEnv and one codec stream per shard (a
-    :class:`SyncVecEnv` of single envs, or one batch of a batched simulator's engine)."""
-
-    def __init__(self, simulator: Simulator, shards: Sequence[tuple[int, int]], autoreset: bool,
-                 codec: CodecConfig, shm_name: str | None = None, num_envs: int = 0):
-        self.shards = [tuple(s) for s in shards]
-        from rlinf_cli.runtime.batched import shard_vec_env
-
-        self.envs = [shard_vec_env(simulator, range(lo, hi), autoreset) for lo, hi in self.shards]
-        self.encoders = [ObsEncoder(codec) for _ in self.shards]
-        self.shm = SharedObs(simulator.spec, num_envs, shm_name) if shm_name else None
-
-    def _emit(self, i: int, obs: Obs, keyframe: bool) -> tuple[dict[str, Packed] | None, dict[str, float]]:
-        if self.shm is not None:
-            lo, hi = self.shards[i]
-            for key, arr in self.shm.arrays.items():
-                arr[lo:hi] = obs[key]
-            nbytes = float(sum(obs[key].nbytes for key in self.shm.arrays))
-            stats = {"transport/obs_bytes_raw": nbytes, "transport/obs_bytes": nbytes}
-            text = {k: v for k, v in obs.items() if k not in self.shm.arrays}
-            if not text:
-                return None, stats
-            packed, more = self.encoders[i].encode(text, keyframe)
-            return packed, {k: stats.get(k, 0.0) + v for k, v in more.items()}
-        return self.encoders[i].encode(obs, keyframe)
-
-    def reset(self, i: int, seeds: Sequence[int | None]) -> Reply:
-        return self.restore(i, seeds, [0] * len(seeds), None)
-
-    def restore(self, i: int, streams: Sequence[int | None], episodes: Sequence[int],
-                actions: Sequence[np.ndarray] | None) -> Reply:
-        obs = self.envs[i].restore(streams, episodes, actions)
-        packed, stats = self._emit(i, obs, keyframe=True)
-        return Reply(packed, None, None, None, None, None, stats)
-
-    def step(self, i: int, actions: np.ndarray) -> Reply:
-        t0 = time.perf_counter()
-        sb = self.envs[i].step(actions)
-        t_sim = time.perf_counter() - t0
-        packed, stats = self._emit(i, sb.obs, keyframe=False)
-        stats["runtime/sim_s"] = t_sim
-        return Reply(packed, sb.reward, sb.terminated, sb.truncated, sb.success, sb.final_obs, stats)
-
-    def park(self, i: int) -> None:
-        """Mark shard ``i``'s envs finished (non-autoreset envs replaced after a crash)."""
-        self.envs[i]._done[:] = True
-
-    def ping(self) -> int:
-        import os
-
-        return os.getpid()
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        if self.shm is not None:
-            self.shm.close()
 
 
 class WorkerHandle(Protocol):

@@ -236,7 +236,7 @@ def save_checkpoint(path: Path, policy: Any, cfg_yaml: str, engine: Any = None, 
     them, and the rollout's files: normalization statistics), and the engine its optimizer
     state; the policy's weights come whole from rank 0."""
     from rlinf_cli import checkpoint as ckpt
-    from rlinf_cli.runtime.engine import gather_to_first
+    from rlinf_cli.runtime.dist import gather_to_first
 
     mine: dict[str, Any] = dict(rollout.state()) if rollout is not None and state is not None else {}
     if rank > 0 and state is not None:

@@ -74,7 +74,9 @@ def setup(cfg: Any) -> Run:
 
     from rlinf_cli import collectors
     from rlinf_cli.policy import declared_critic
-    from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
+    from rlinf_cli.runtime.dist import setup_ranks
+    from rlinf_cli.runtime.engine import make_engine
+    from rlinf_cli.runtime.precision import precision_note
 
     check_best(cfg)
     algo = common.load_algorithm(cfg, "rl")
@@ -216,7 +218,7 @@ def keep_best(run: Run) -> dict[str, float]:
     RL returns wander, and the last policy is often not the best one; choosing on seeds apart from
     the final evaluation's keeps that evaluation an unbiased estimate. Every rank calls it (ZeRO-3
     gathers the weights for rank 0 to evaluate, and every rank follows rank 0's decision)."""
-    from rlinf_cli.runtime.engine import broadcast_from_first
+    from rlinf_cli.runtime.dist import broadcast_from_first
 
     cfg, state = run.cfg, run.state
     metrics: dict[str, float] = {}
@@ -252,7 +254,7 @@ def restore_best(run: Run, resume_dir: Path) -> None:
     the source run's best if it is still that validation's (the source may have gone on to a
     better one after the checkpoint resumed from), else the periodic checkpoint of that iteration.
     Neither there: validations start over, said in one line."""
-    from rlinf_cli.runtime.engine import broadcast_from_first
+    from rlinf_cli.runtime.dist import broadcast_from_first
 
     best, dest = run.state["best"], run.ctx.run_dir / "checkpoints" / "best"
     found = None
@@ -327,7 +329,7 @@ def train(run: Run, progress: Any) -> None:
 
 def finish(run: Run) -> dict[str, Any]:
     """Final checkpoint and evaluation, result.json, table and learning curve."""
-    from rlinf_cli.runtime.engine import shutdown
+    from rlinf_cli.runtime.dist import shutdown
 
     cfg, ctx = run.cfg, run.ctx
     with run.engine.full_parameters():

@@ -21,7 +21,9 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
     from omegaconf import OmegaConf
 
     from rlinf_cli import collectors
-    from rlinf_cli.runtime.engine import make_engine, precision_note, setup_ranks
+    from rlinf_cli.runtime.dist import setup_ranks
+    from rlinf_cli.runtime.engine import make_engine
+    from rlinf_cli.runtime.precision import precision_note
 
     text, sim_node, sim_choice = collectors.dataset_source(cfg.dataset)  # a missing dataset is the first error
     algo = common.load_algorithm(cfg, "sft")
@@ -112,7 +114,7 @@ def run(cfg: Any) -> dict[str, Any]:
 def _run(cfg: Any, ctx: Any, algo: Any, world: Any, data: Any, policy: Any, engine: Any, rank: int) -> dict[str, Any]:
     from rlinf_cli.config import flatten
     from rlinf_cli.progress import Progress
-    from rlinf_cli.runtime.engine import shutdown
+    from rlinf_cli.runtime.dist import shutdown
 
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
     with ctx.track(cfg, {**common.plugin_tags(cfg), "rlinf.modality": world.modality}) as tracker, \

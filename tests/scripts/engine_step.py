@@ -12,7 +12,9 @@ import sys
 
 import torch
 
+from rlinf_cli.algorithm import OptimSpec
 from rlinf_cli.runtime import engine as engines
+from rlinf_cli.runtime import dist
 from rlinf_model_hf.model import HFCausalLM
 
 
@@ -32,10 +34,10 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)  # same initial weights on every rank
     torch.distributed.init_process_group("gloo")
-    rank, world = engines.world()
+    rank, world = dist.world()
     policy = HFCausalLM({"name": "hf", "hidden_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate_size": 64})
     initial = torch.cat([p.detach().reshape(-1).clone() for p in policy.parameters()])
-    engine = engines.make_engine(policy, engines.OptimSpec(lr=1e-2, max_grad_norm=0.5),
+    engine = engines.make_engine(policy, OptimSpec(lr=1e-2, max_grad_norm=0.5),
                                  {"backend": backend, "zero_stage": stage, "bf16": False}, _CPU())
     texts = [f"{rank + 1}+{i}={rank + 1 + i}" for i in range(4)]  # different data per rank
     losses = []
@@ -57,7 +59,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"backend": engine.backend, "world": world, "ranks_agree": same, "moved": moved,
                           "losses": losses}))
-    engines.shutdown()
+    dist.shutdown()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@
 - Clipped surrogate, plus dual clip (Ye et al., 2020) for negative advantages.
 - Clipped value loss (as in the OpenAI baselines), entropy bonus.
 - Per-minibatch advantage normalisation; optional early stop when approx KL > target_kl.
+- Adam with eps 1e-5, the learning rate optionally annealed linearly to 0, the global gradient
+  norm clipped to max_grad_norm (``PPO.optim``: the engine runs what is declared there).
+
+Read top to bottom: the config, the advantages (:func:`gae`), then the algorithm (its optimizer,
+its loss). ``ppo_fused.py`` is the same loss with closed-form gradients (``fused_loss``), tested
+equal to :meth:`PPO.loss`.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlinf_cli.api import (Algorithm, MiniBatch, TrainConfig, approx_kl, clipped_surrogate, reference_kl, EvalOutput,
-                           Experience)
+from rlinf_cli.api import (Algorithm, EvalOutput, Experience, MiniBatch, OptimSpec, TrainConfig, approx_kl,
+                           clipped_surrogate, linear_decay, reference_kl)
+
+from . import ppo_fused
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class PPOConfig(TrainConfig):
     critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
     critic_warmup_lr: float | None = None  # learning rate of those critic-only iterations; null = lr
     kl_coef: float = 0.0  # weight of k3 KL to the frozen starting policy (RL from init=: keeps the clone's skills; 0 = off)
-    fused_loss: bool = True  # the loss as one autograd node with closed-form gradients (same maths; see _FusedLoss)
+    fused_loss: bool = True  # the loss as one autograd node with closed-form gradients (same maths; ppo_fused.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,6 +91,14 @@ class PPO(Algorithm):
     rollout = "steps"
     uses_critic = True
 
+    @property
+    def optim(self) -> OptimSpec:
+        """Adam with CleanRL's eps (1e-5, not torch's 1e-8), the learning rate decayed linearly to 0
+        over the run when ``anneal_lr`` is set, the global gradient norm clipped to ``max_grad_norm``."""
+        c = self.config
+        return OptimSpec(lr=float(c.lr), eps=1e-5, schedule=linear_decay if c.anneal_lr else None,
+                         max_grad_norm=c.max_grad_norm, weight_decay=float(c.weight_decay or 0.0))
+
     def advantages(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
         return gae(exp, self.config.gamma, self.config.gae_lambda)
 
@@ -102,11 +118,8 @@ class PPO(Algorithm):
         adv = mb.advantages
         if c.norm_adv and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        if _fused_applies(c, out, mb, adv):
-            stats: dict[str, torch.Tensor] = {}
-            loss, stats["value_loss_raw"] = _FusedLoss.apply(out.logprob, out.value, out.entropy, mb.old_logprob, adv,
-                                                             mb.returns, mb.old_values, c, stats)
-            return loss, stats
+        if c.fused_loss and ppo_fused.applies(c, out, mb, adv):  # the same loss, gradients in closed form
+            return ppo_fused.loss(c, out, mb, adv)
         logratio = out.logprob - mb.old_logprob
         pg, clipped = clipped_surrogate(logratio, adv, c.clip_ratio, c.clip_ratio, c.dual_clip)
         pg_loss = pg.mean()
@@ -143,76 +156,3 @@ class PPO(Algorithm):
 
     def stop_early(self, stats) -> bool:
         return self.config.target_kl is not None and stats.get("approx_kl", 0.0) > self.config.target_kl
-
-
-def _fused_applies(c: PPOConfig, out: EvalOutput, mb: MiniBatch, adv: torch.Tensor) -> bool:
-    """The fused loss covers per-sample log-probs, values and entropies in fp32 without a KL term
-    (everything the embodied PPO computes); anything else takes the autograd graph above."""
-    return (c.fused_loss and torch.is_grad_enabled() and (c.kl_coef == 0 or mb.ref_logprob is None)
-            and out.logprob.dim() == 1 and out.logprob.shape == adv.shape == out.value.shape == out.entropy.shape
-            and all(t.dtype == torch.float32 for t in (out.logprob, out.value, out.entropy, adv, mb.old_logprob,
-                                                      mb.returns, mb.old_values)))
-
-
-class _FusedLoss(torch.autograd.Function):
-    """PPO's loss and its value term alone (the critic warm-up's loss) as one autograd node.
-
-    The forward runs the ops of :meth:`PPO.loss` in the same order (the same numbers, the
-    diagnostics included); the backward hands each input its gradient in closed form instead of
-    walking ~25 autograd nodes of 256-element ops per minibatch, whose bookkeeping costs more than
-    their maths. d pg_i / d logp_i is -adv_i * ratio_i where the unclipped term is the maximum
-    (where the clip binds, or the dual clip caps a negative advantage, it is 0); the value term's
-    is value_coef * (v_i - R_i) where the unclipped square is the larger; the entropy's is
-    -entropy_coef. Each mean divides by N. ``tests/test_ppo_fused_loss.py`` checks it against
-    autograd's.
-    """
-
-    @staticmethod
-    def forward(ctx, logp, value, entropy, old_logp, adv, returns, old_values, c, stats):  # type: ignore[override]
-        logratio = logp - old_logp
-        # clipped_surrogate, op for op (negation is exact: -adv once gives the same numbers)
-        neg_adv, ratio = -adv, torch.exp(logratio)
-        unclipped = neg_adv * ratio
-        clipped = neg_adv * torch.clamp(ratio, 1.0 - c.clip_ratio, 1.0 + c.clip_ratio)
-        pg = torch.maximum(unclipped, clipped)
-        clipped_more = clipped > unclipped
-        flows = ~clipped_more
-        if c.dual_clip is not None:  # where the cap binds the loss no longer depends on the ratio
-            pg = torch.where(adv < 0, torch.minimum(pg, neg_adv * c.dual_clip), pg)
-            flows &= ~((adv < 0) & (pg < unclipped))
-        pg_loss = pg.mean()
-        diff = value - returns
-        sq = diff ** 2
-        if c.clip_value is not None:
-            v_clipped = old_values + torch.clamp(value - old_values, -c.clip_value, c.clip_value)
-            sq_clipped = (v_clipped - returns) ** 2
-            v_loss = 0.5 * torch.maximum(sq, sq_clipped).mean()
-            raw = c.value_coef * (0.5 * sq.mean())
-            value_grad = diff * (sq >= sq_clipped)
-        else:
-            v_loss = 0.5 * sq.mean()
-            raw = c.value_coef * v_loss
-            value_grad = diff
-        ent = entropy.mean()
-        loss = pg_loss + c.value_coef * v_loss - c.entropy_coef * ent
-        stats.update({"policy_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
-                      "approx_kl": approx_kl(logratio).mean(), "clip_frac": clipped_more.float().mean(),
-                      "explained_variance": 1.0 - diff.var() / returns.var().clamp_min(1e-8)})
-        ctx.save_for_backward(unclipped * flows, value_grad, diff)
-        ctx.n, ctx.value_coef, ctx.entropy_coef = logp.numel(), c.value_coef, c.entropy_coef
-        ctx.set_materialize_grads(False)
-        return loss, raw
-
-    @staticmethod
-    def backward(ctx, g_loss, g_raw):  # type: ignore[override]
-        logp_grad, value_grad, diff = ctx.saved_tensors
-        g_logp = g_value = g_entropy = None
-        if g_loss is not None:
-            g_logp = logp_grad * (g_loss / ctx.n)
-            g_value = value_grad * (g_loss * (ctx.value_coef / ctx.n))
-            if ctx.entropy_coef and ctx.needs_input_grad[2]:
-                g_entropy = (g_loss * (-ctx.entropy_coef / ctx.n)).expand(ctx.n)
-        if g_raw is not None:
-            g_v_raw = diff * (g_raw * (ctx.value_coef / ctx.n))
-            g_value = g_v_raw if g_value is None else g_value + g_v_raw
-        return g_logp, g_value, g_entropy, None, None, None, None, None, None

@@ -1,5 +1,6 @@
-"""Env workers as Ray actors: the same :class:`~rlinf_cli.runtime.workers.EnvWorker` the local
-executor runs in processes, hosted by actors that Ray places on the cluster's nodes.
+"""Env workers as Ray actors: the same ``rlinf_cli.api.EnvWorker`` the local executor runs in
+processes, hosted by actors that Ray places on the cluster's nodes. The core places the envs
+(``rlinf_cli.api.WorkerExecutor``); this executor starts the actors.
 
 Observations travel through Ray's object store, compressed by ``env.obs_compression`` when set
 (worth it between machines). ``runtime.mode=hybrid`` pipelines env groups as locally; any
@@ -10,11 +11,11 @@ Every node needs rlinf and the simulator's plugin installed, as for any Ray job.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rlinf_cli.api import (settings, Simulator, VecEnv, UserError, placement, EnvWorker, EnvWorkerError, RemoteError,
-                           WorkerDied, WorkerVecEnv, hosted_vec_env, last_line, plan_layout, worker_shards)
+from rlinf_cli.api import (EnvWorker, RemoteError, UserError, WorkerDied, WorkerExecutor, WorkerHandle, WorkerPlan,
+                           cpu_cores, settings)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _ray() -> Any:
 
 
 class RayWorker:
-    """A :class:`~rlinf_cli.runtime.workers.WorkerHandle` for one env-worker actor."""
+    """A ``rlinf_cli.api.WorkerHandle`` for one env-worker actor."""
 
     def __init__(self, index: int, actor_cls: Any, args: tuple, kwargs: dict, timeout_s: float):
         self.index = index
@@ -119,13 +120,17 @@ def _task_error_text(exc: Any) -> str:
     return str(exc)
 
 
-class RayExecutor:
+class RayExecutor(WorkerExecutor):
+    name = "ray"
+    in_process = False  # envs always live in actors
+    worker_noun = "a Ray env worker"
+    hosted_note = "ray (envs on env servers; no actors needed)"
+    collocated_note = ("; executor=ray runs envs in actors anyway (synchronously): use executor=local to keep them "
+                       "in this process")
+
     def __init__(self, cfg: Mapping[str, Any]):
-        data = dict(cfg)
-        self.runtime = placement.runtime_config(data.pop("runtime", None))
-        self.cfg = settings.build(RayConfig, data, "executor")
-        self.choice: placement.Choice | None = None
-        self._resolved: placement.RuntimeConfig | None = None
+        super().__init__(cfg)
+        self.cfg = settings.build(RayConfig, self.cfg, "executor")
         self._placement = "ray (not started)"
 
     def _init(self, workers: int) -> Any:
@@ -139,7 +144,7 @@ class RayExecutor:
             if self.cfg.address:
                 kwargs["address"] = self.cfg.address
             else:  # a local instance with room for every actor, even on a small machine
-                kwargs["num_cpus"] = max(placement.cpu_cores(), int(workers * self.cfg.num_cpus_per_worker + 0.999))
+                kwargs["num_cpus"] = max(cpu_cores(), int(workers * self.cfg.num_cpus_per_worker + 0.999))
                 # Ray gives its GCS server 30 s to come up; a busy 2-core machine can need more
                 # (seen in the test suite under load). A user's own value wins.
                 os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
@@ -162,20 +167,8 @@ class RayExecutor:
                     raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
         return ray
 
-    def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv:
-        if self._resolved is None:
-            self._resolved, self.choice = placement.resolve(self.runtime, simulator, num_envs)
-            if self.choice is not None and self.choice.mode == "collocated":
-                self.choice = replace(self.choice, reason=self.choice.reason + "; executor=ray runs envs in actors "
-                                      "anyway (synchronously): use executor=local to keep them in this process")
-        rt = self._resolved
-        hosted = hosted_vec_env(simulator, rt, num_envs, autoreset, "ray (envs on env servers; no actors needed)")
-        if hosted is not None:  # sim=remote: the envs are on env servers already
-            self._placement = hosted.label
-            return hosted
-        hybrid = rt.mode == "hybrid"
-        workers, stages, shards = plan_layout(rt, num_envs)
-        ray = self._init(workers)
+    def start_workers(self, plan: WorkerPlan) -> list[WorkerHandle]:
+        ray = self._init(plan.num_workers)
         env_vars = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         if "MUJOCO_GL" in os.environ:
             env_vars["MUJOCO_GL"] = os.environ["MUJOCO_GL"]
@@ -183,23 +176,19 @@ class RayExecutor:
                                                      num_gpus=self.cfg.num_gpus_per_worker)
         handles = []
         try:
-            for w in range(workers):
-                handles.append(RayWorker(w, actor_cls, (simulator, worker_shards(shards, w), autoreset, rt.codec, None, num_envs),
-                                         {"env_vars": env_vars}, rt.worker_timeout_s))
+            for w in range(plan.num_workers):
+                handles.append(RayWorker(w, actor_cls, plan.worker_args(w), {"env_vars": env_vars}, plan.timeout_s))
             for h in handles:
                 h.wait_ready()
-        except (RemoteError, WorkerDied) as exc:
+        except (RemoteError, WorkerDied):
             for h in handles:
                 h.close()
-            last = last_line(exc, type(exc).__name__)
-            raise EnvWorkerError(f"a Ray env worker failed to create its envs: {last}") from exc
-        where = self.cfg.address or "local Ray instance"
-        label = (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {num_envs} envs in {workers} actor(s)"
-                 + (f", {stages} pipeline stages" if hybrid else "")
-                 + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
-        self._placement = label
-        return WorkerVecEnv(simulator.spec, num_envs, autoreset, shards, handles, rt.codec, None, rt.max_restarts, label)
+            raise
+        return handles
 
-    def describe(self) -> str:
-        """Where the envs run; with ``runtime.mode=auto``, what the probe chose and why first."""
-        return (f"{self.choice.reason}\nruntime: " if self.choice is not None else "") + self._placement
+    def label(self, plan: WorkerPlan) -> str:
+        rt, hybrid = plan.runtime, plan.runtime.mode == "hybrid"
+        where = self.cfg.address or "local Ray instance"
+        return (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {plan.num_envs} envs in "
+                f"{plan.num_workers} actor(s)" + (f", {plan.stages} pipeline stages" if hybrid else "")
+                + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))

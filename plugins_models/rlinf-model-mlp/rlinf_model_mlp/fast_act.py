@@ -41,7 +41,7 @@ _FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 def supported(policy: "MLPPolicy") -> bool:
     """Whether ``policy``'s act can run here: flat float observations only (no image encoder or
     task embedding) and an activation with an exact numpy counterpart."""
-    return not policy._images and not policy._embed_task and policy.cfg.activation in _FUNCTIONS
+    return policy.flat_features_only and policy.cfg.activation in _FUNCTIONS
 
 
 class FastActor:
@@ -51,7 +51,8 @@ class FastActor:
         self.policy = policy
         self.fn = _FUNCTIONS[policy.cfg.activation]
         self.max_rows = max(1, MAX_WORK // max(policy.cfg.hidden_sizes) ** 2)
-        self.tensors = [t for lin in [*policy._actor_layers, *policy._critic_layers] for t in (lin.weight, lin.bias)]
+        self.keys, self.act_dim = policy.flat_keys, policy.action_dim
+        self.tensors = [t for lin in [*policy.actor_layers, *policy.critic_layers] for t in (lin.weight, lin.bias)]
         if hasattr(policy, "log_std"):
             self.tensors.append(policy.log_std)
         self.ptrs: list[int] = []
@@ -60,7 +61,8 @@ class FastActor:
         self.log_std: np.ndarray | None = None
         self.center = self.half = None
         if policy.squash:
-            self.center, self.half = policy._center.numpy(), policy._half.numpy()
+            center, half = policy.action_scale
+            self.center, self.half = center.numpy(), half.numpy()
 
     def _views(self) -> bool:
         """(Re)build the numpy views when a parameter's storage moved; False if they cannot be numpy."""
@@ -75,7 +77,7 @@ class FastActor:
             # W.T is a strided view: numpy hands it to BLAS as a transposed operand, no copy
             return [(lin.weight.detach().numpy().T, lin.bias.detach().numpy()) for lin in layers]
 
-        self.actor, self.critic = views(p._actor_layers), views(p._critic_layers)
+        self.actor, self.critic = views(p.actor_layers), views(p.critic_layers)
         self.log_std = p.log_std.detach().numpy() if hasattr(p, "log_std") else None
         self.ptrs = ptrs
         return True
@@ -88,7 +90,7 @@ class FastActor:
 
     def __call__(self, obs: dict[str, torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, ...] | None:
         p = self.policy
-        parts = [obs[k] for k in p._flat]
+        parts = [obs[k] for k in self.keys]
         if torch.is_grad_enabled() or any(t.device.type != "cpu" for t in parts) \
                 or parts[0].shape[0] > self.max_rows or torch.is_autocast_enabled("cpu") or not self._views():
             return None
@@ -106,7 +108,7 @@ class FastActor:
             logp = np.take_along_axis(logp_all, action[:, None], axis=-1)[:, 0]
             action = action.astype(np.int64, copy=False)
         elif p.squash:
-            d = p._act_dim
+            d = self.act_dim
             mean, raw = out[:, :d], out[:, d:]
             lo, hi = p.cfg.log_std_min, p.cfg.log_std_max
             log_std = lo + 0.5 * (hi - lo) * (np.tanh(raw) + 1.0)

@@ -44,14 +44,14 @@ def applies(policy: "MLPPolicy", x: torch.Tensor, action: torch.Tensor) -> bool:
 
     return (torch.is_grad_enabled() and x.dtype == torch.float32 and action.dtype == torch.float32
             and x.dim() == 2 and not torch.is_autocast_enabled(x.device.type) and not onednn_bf16_active()
-            and not hasattr(policy._actor_layers[0].weight, "ds_id"))
+            and not hasattr(policy.actor_layers[0].weight, "ds_id"))
 
 
 def evaluate(policy: "MLPPolicy", x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob [B], value [B]) of ``action`` under ``policy`` at features ``x``; value is zeros
-    without a critic (as :meth:`MLPPolicy._value`)."""
-    actor = [t for lin in policy._actor_layers for t in (lin.weight, lin.bias)]
-    critic = [t for lin in policy._critic_layers for t in (lin.weight, lin.bias)]
+    without a critic (as :meth:`MLPPolicy.get_value`)."""
+    actor = [t for lin in policy.actor_layers for t in (lin.weight, lin.bias)]
+    critic = [t for lin in policy.critic_layers for t in (lin.weight, lin.bias)]
     logp, value = _GaussianEvaluate.apply(x, action, policy.log_std, len(actor), policy.cfg.activation == "relu",
                                           *actor, *critic)
     return logp, (value if critic else x.new_zeros(x.shape[0]))

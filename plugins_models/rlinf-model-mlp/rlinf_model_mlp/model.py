@@ -172,6 +172,38 @@ class MLPPolicy(Policy):
     def observation_keys(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self._keys, *([TASK_KEY] if self._embed_task else [])]))
 
+    # -- the layout the fast paths (fast_act.py, fast_grad.py) compute with, read-only ------------
+    @property
+    def actor_layers(self) -> list[nn.Linear]:
+        """The actor MLP's linear layers in order, its output layer last (the live modules)."""
+        return self._actor_layers
+
+    @property
+    def critic_layers(self) -> list[nn.Linear]:
+        """The value MLP's linear layers in order (empty without a critic)."""
+        return self._critic_layers
+
+    @property
+    def flat_keys(self) -> tuple[str, ...]:
+        """The observation keys flattened and concatenated, in this order, into the features."""
+        return tuple(self._flat)
+
+    @property
+    def flat_features_only(self) -> bool:
+        """Whether the features are the flat keys alone (no image encoder, no task embedding)."""
+        return not self._images and not self._embed_task
+
+    @property
+    def action_dim(self) -> int:
+        """Width of the actor's mean (its output is twice as wide with a state-dependent std)."""
+        return self._act_dim
+
+    @property
+    def action_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(center, half_range)`` of the action bounds: a squashed action is
+        ``center + half_range * tanh(u)`` (only with ``squash`` or Q heads)."""
+        return self._center, self._half
+
     def critic_parameters(self) -> list[nn.Parameter]:
         # the value MLP alone: the CNN encoders and the task embedding feed the actor too
         return list(self.critic.parameters()) if self.has_critic else []

@@ -1,5 +1,7 @@
 from rlinf_cli.api import hookimpl
 
+RLINF_API = "1.0"  # the plugin API this plugin is built for (rlinf_cli.api.API_VERSION)
+
 
 @hookimpl
 def register_models(register):

@@ -3,7 +3,7 @@
 At construction it asks every server what it serves (the spec must be the same on all), so
 stages see an ordinary :class:`~rlinf_cli.api.Simulator`. It is a
 :class:`~rlinf_cli.api.HostedSimulator`: executors open sessions on the servers instead of
-starting env workers (:func:`~rlinf_cli.runtime.workers.hosted_vec_env`). ``make_env`` gives one
+starting env workers (:func:`~rlinf_cli.runtime.hosting.hosted_vec_env`). ``make_env`` gives one
 remote env (``rlinf check-sim sim=remote``), and ``expert()`` the server's scripted expert.
 """
 
