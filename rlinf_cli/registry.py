@@ -18,8 +18,8 @@ from typing import Any, Callable
 import pluggy
 
 from rlinf_cli import hookspecs
-from rlinf_cli.hookspecs import API_VERSION
 from rlinf_cli.errors import UserError, shown
+from rlinf_cli.hookspecs import API_VERSION
 from rlinf_cli.settings import plain
 
 ENTRY_POINT_GROUP = "rlinf"

@@ -13,7 +13,7 @@ from rlinf_cli.collectors.embodied_env import EmbodiedEnv
 from rlinf_cli.collectors.embodied_eval import summarize
 from rlinf_cli.collectors.roles import RecordSettings
 from rlinf_cli.data.dataset import DatasetWriter
-from rlinf_cli.data.lerobot import writer_for
+from rlinf_cli.data.lerobot_writer import writer_for
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.chunking import ChunkedSimulator
 from rlinf_cli.runtime.rollout import EpisodeStats, run_episodes

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlinf_cli.config import flatten
 from rlinf_cli.errors import UserError
+from rlinf_cli.progress import Progress
 from rlinf_cli.stages import common
 
 
@@ -23,8 +25,6 @@ def _run(cfg: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from rlinf_cli import __version__, collectors
-    from rlinf_cli.config import flatten
-    from rlinf_cli.progress import Progress
 
     ctx = common.start(cfg, "collect", f"{cfg.sim.name}-{str(cfg.policy).rstrip('/').split('/')[-1]}")
     world = collectors.make(cfg, ctx)

@@ -10,8 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cli.config import to_yaml
 from rlinf_cli.errors import UserError
-from rlinf_cli.registry import get_registry
+from rlinf_cli.locks import FileLock
+from rlinf_cli.registry import GROUP_TO_KIND, get_registry
+from rlinf_cli.tracking import Tracker, plot_curve
 
 
 @dataclass
@@ -42,7 +45,6 @@ class RunContext:
         """
         if self._lock is not None:
             return self.run_dir
-        from rlinf_cli.locks import FileLock
 
         try:
             if self.auto_dir:
@@ -70,8 +72,6 @@ class RunContext:
         If the tracking store refuses (read-only, damaged, disk full), a run directory made just
         now is removed again: a failed start leaves nothing behind.
         """
-        from rlinf_cli.tracking import Tracker
-
         self.open()
         try:
             tracker = Tracker(cfg, self.run_dir, self.stage, tags, resume_run_id, resume_step)
@@ -136,7 +136,6 @@ def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None, accel: 
     import torch
     from rich.console import Console
 
-    from rlinf_cli.config import to_yaml
 
     torch.set_num_threads(int(cfg.train.threads))
     seed_everything(int(cfg.seed))
@@ -167,7 +166,6 @@ def plugin_tags(cfg: Any) -> dict[str, str]:
     """MLflow tags: which plugin (and package version) served each group."""
     reg = get_registry()
     from rlinf_cli import __version__
-    from rlinf_cli.registry import GROUP_TO_KIND
 
     tags = {"rlinf.version": __version__}
     for group, kind in GROUP_TO_KIND.items():
@@ -208,8 +206,6 @@ def write_result(ctx: RunContext, tracker: Any, result: dict[str, Any], table: A
         text.write_text(table_text(table))
         tracker.log_artifact(text)
     if curve is not None:
-        from rlinf_cli.tracking import plot_curve
-
         png = plot_curve(tracker.history, curve[0], curve[1], ctx.run_dir / "learning_curve.png", curve[2])
         if png is not None:
             tracker.log_artifact(png)

@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlinf_cli import model_registry
+from rlinf_cli.config import flatten
+from rlinf_cli.progress import Progress
 from rlinf_cli.stages import common
 
 
@@ -21,10 +24,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
 def _run(cfg: Any) -> dict[str, Any]:
     from rlinf_cli import collectors
-    from rlinf_cli.config import flatten
-    from rlinf_cli.progress import Progress
 
-    from rlinf_cli import model_registry
 
     source = str(cfg.checkpoint)
     model_registry.check_options(cfg, source)

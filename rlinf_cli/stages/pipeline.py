@@ -11,7 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlinf_cli.config import compose, inherited_overrides, stage_groups
 from rlinf_cli.errors import UserError
+from rlinf_cli.registry import GROUP_TO_KIND, make_simulator
+from rlinf_cli.tables import RESULT_HEADERS, RESULT_LEGEND, result_cells, with_notes
+from rlinf_cli.validate import validate
 
 STEPS = ("expert", "collect", "sft", "rl", "eval")
 # The default story: a few demonstrations leave the cloned policy room that RL then closes.
@@ -32,9 +36,6 @@ def _kept(rl_result: dict[str, Any]) -> str:
 
 def route(args: list[str]) -> dict[str, list[str]]:
     """Split pipeline overrides by step; shared ones go to every stage that knows the key."""
-    from rlinf_cli.config import stage_groups
-    from rlinf_cli.registry import GROUP_TO_KIND
-
     out: dict[str, list[str]] = {step: list(DEFAULTS[step]) for step in STEPS}
     for arg in args:
         if "=" not in arg:
@@ -57,8 +58,6 @@ def _check(routed: dict[str, list[str]]) -> Any:
     """Every step's settings are checked before the first one runs (placeholders stand for the
     inputs that earlier steps produce); returns the composed collect config."""
     from rlinf_cli.collectors import check_pipeline
-    from rlinf_cli.config import compose
-    from rlinf_cli.validate import validate
 
     probe = compose("collect", routed["collect"] + ["output=unused"])
     check_pipeline(probe.sim)
@@ -72,7 +71,6 @@ def _check(routed: dict[str, list[str]]) -> Any:
 def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[str, float]) -> Any:
     from rich.table import Table
 
-    from rlinf_cli.tables import RESULT_HEADERS, RESULT_LEGEND, result_cells, with_notes
 
     table = Table(title=title)
     table.add_column("policy")
@@ -89,9 +87,7 @@ def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[s
 def run(args: list[str]) -> dict[str, Any]:
     from rich.console import Console
 
-    from rlinf_cli.config import compose, inherited_overrides
     from rlinf_cli.stages import collect, common, eval as eval_stage, rl, sft
-    from rlinf_cli.validate import validate
 
     routed = route(args)
     probe = _check(routed)
@@ -126,7 +122,6 @@ def _steps(routed: dict[str, list[str]], probe: Any, root: Path, stage: Any, res
            timings: dict[str, float], console: Any) -> dict[str, Any]:
     import json
 
-    from rlinf_cli.registry import make_simulator
 
     sim = make_simulator(probe.sim)
     if sim.expert() is not None:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlinf_cli.config import flatten, to_yaml
 from rlinf_cli.errors import UserError
+from rlinf_cli.progress import Progress
 from rlinf_cli.stages import common
 from rlinf_cli.validate import check_best, validation_episodes
 
@@ -389,9 +391,6 @@ def stop_note(cfg: Any, run: Run | None) -> str:
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    from rlinf_cli.config import flatten, to_yaml
-    from rlinf_cli.progress import Progress
-
     r = None
     try:
         r = setup(cfg)

@@ -13,7 +13,9 @@ import math
 import time
 from typing import Any
 
+from rlinf_cli.config import flatten, to_yaml
 from rlinf_cli.errors import UserError
+from rlinf_cli.progress import Progress
 from rlinf_cli.stages import common
 
 
@@ -52,8 +54,6 @@ def setup(cfg: Any) -> tuple[Any, Any, Any, Any, Any, Any, int]:
 def train(cfg: Any, ctx: Any, algo: Any, data: Any, policy: Any, engine: Any, tracker: Any, progress: Any,
           rank: int) -> tuple[float, int]:
     """Epochs until ``algo.epochs`` or ``patience``; returns (best validation loss, its epoch)."""
-    from rlinf_cli.config import to_yaml
-
     cfg_yaml, ckpt_dir = to_yaml(cfg), ctx.run_dir / "checkpoints"
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs
     patience = getattr(algo.config, "patience", None)
@@ -112,8 +112,6 @@ def run(cfg: Any) -> dict[str, Any]:
 
 
 def _run(cfg: Any, ctx: Any, algo: Any, world: Any, data: Any, policy: Any, engine: Any, rank: int) -> dict[str, Any]:
-    from rlinf_cli.config import flatten
-    from rlinf_cli.progress import Progress
     from rlinf_cli.runtime.dist import shutdown
 
     total_steps = data.steps_per_epoch(algo.minibatch_size) * algo.epochs

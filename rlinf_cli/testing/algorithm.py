@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlinf_cli.errors import UserError
+from rlinf_cli.registry import make_simulator
 from rlinf_cli.testing.plugins import option, spec_of
 from rlinf_cli.testing.report import Check, Checks, finite, shape_of
 from rlinf_cli.testing.runs import metrics, rlinf, untimed
-from rlinf_cli.errors import UserError
-from rlinf_cli.registry import make_simulator
 
 COMMON = ["tracking.enabled=false", "progress=false"]
 SFT_EPOCHS = 5

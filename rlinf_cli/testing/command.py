@@ -9,8 +9,7 @@ from __future__ import annotations
 import sys
 
 from rlinf_cli.errors import UserError, error_line
-from rlinf_cli.testing.plugins import CONTRACT_KINDS, kinds_of, unknown_plugin
-from rlinf_cli.testing.plugins import spec_of
+from rlinf_cli.testing.plugins import CONTRACT_KINDS, kinds_of, spec_of, unknown_plugin
 
 
 def resolve_kind(name: str, kind: str | None) -> str:

@@ -8,7 +8,6 @@ import os
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
-from rlinf_cli.cli import main
 
 
 class RunFailed(AssertionError):
@@ -17,6 +16,8 @@ class RunFailed(AssertionError):
 
 def rlinf(workdir: Path, *args: str) -> None:
     """``rlinf ARGS`` in ``workdir``, output swallowed; raises :class:`RunFailed` with the error line."""
+    from rlinf_cli.cli import main  # typer + rich: kept off the start-up of pytest's rlinf plugin
+
     out, err = io.StringIO(), io.StringIO()
     before = os.getcwd()
     os.chdir(workdir)
