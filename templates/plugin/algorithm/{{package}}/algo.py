@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_cli.api import Algorithm, MiniBatch, TrainConfig, masked_mean, Experience, EvalOutput
+from rlinf_cli.api import (Algorithm, EvalOutput, Experience, MiniBatch, OptimSpec, TrainConfig, linear_decay,
+                           masked_mean)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,14 @@ class Algo(Algorithm):
     name = "{{name}}"
     rollout = "steps"
     uses_critic = False  # uses the model's critic when it has one; a batch-mean baseline otherwise
+
+    @property
+    def optim(self) -> OptimSpec:
+        """What the engine runs: Adam (eps 1e-5), the learning rate decayed linearly to 0 when
+        ``anneal_lr`` is set, the gradient norm clipped to ``max_grad_norm``. Change it here."""
+        c = self.config
+        return OptimSpec(lr=float(c.lr), eps=1e-5, schedule=linear_decay if c.anneal_lr else None,
+                         max_grad_norm=c.max_grad_norm, weight_decay=float(c.weight_decay or 0.0))
 
     def advantages(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
         """n-step returns [T, N], cut at episode ends and bootstrapped at truncations and at the
