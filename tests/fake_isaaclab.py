@@ -1,7 +1,7 @@
 """A fake Isaac Lab env with the real API shape, for rlinf-sim-isaaclab's unit tests.
 
 What it reproduces of Isaac Lab 3's ``DirectRLEnv`` (checked against the real env by
-tests/test_isaaclab.py::test_fake_matches_the_real_env, marker ``isaaclab``):
+tests/sims/test_isaaclab.py::test_fake_matches_the_real_env, marker ``isaaclab``):
 
 - ``reset(seed=s) -> (obs, extras)``; the seed goes to torch's *global* generator (Isaac Lab seeds
   torch, numpy, Python and warp from one number); the whole batch is reset;

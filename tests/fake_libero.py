@@ -1,6 +1,6 @@
 """A stand-in for LIBERO with the API shape rlinf-sim-libero uses (``libero.libero.benchmark``,
 ``get_libero_path``, ``ControlEnv``), so the plugin's mapping logic is tested without the ~1 GB
-install. tests/test_libero.py checks these shapes against the real package so they cannot drift.
+install. tests/sims/test_libero.py checks these shapes against the real package so they cannot drift.
 
 The fake keeps the two pieces of hidden state that made real LIBERO episodes depend on the past:
 fixtures placed from numpy's global RNG at every reset, and a gripper that integrates its commands.

@@ -1,4 +1,4 @@
-"""Run in .venv-isaaclab by tests/test_isaaclab.py: the API signature of the real Isaac Lab env and of
+"""Run in .venv-isaaclab by tests/sims/test_isaaclab.py: the API signature of the real Isaac Lab env and of
 tests/fake_isaaclab.py's fake, side by side, as JSON on the last line of stdout.
 
 usage: python isaaclab_signature.py TASK NUM_ENVS HORIZON

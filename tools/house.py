@@ -10,7 +10,7 @@
 
     python tools/house.py          # prints every breach, exit 1 if any
 
-``tests/test_house.py`` runs the same checks in ``make test``.
+``tests/unit/test_house.py`` runs the same checks in ``make test``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - ``packages_page()`` and ``package_page()``: each package of the repository (tools/release.py
   finds them) with its version, the components it registers and its README.
 
-tools/mkdocs_hooks.py puts them into the site at build time; tests/test_docs.py checks them.
+tools/mkdocs_hooks.py puts them into the site at build time; tests/cli/test_docs.py checks them.
 """
 
 from __future__ import annotations

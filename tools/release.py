@@ -9,7 +9,7 @@ the standard build front end, and check them the way an index and a user would s
 
 Packages are found, never listed: the core is the repository root, a plugin is any
 ``plugins*/<dir>/pyproject.toml``. A package added by another branch is built and checked with no
-edit here. What is checked (``check_*`` below, also run by tests/test_release.py):
+edit here. What is checked (``check_*`` below, also run by tests/cli/test_release.py):
 
 - metadata: name and version as in pyproject.toml, a summary, a licence expression and file, a
   markdown README as the long description, classifiers, ``Requires-Python``;

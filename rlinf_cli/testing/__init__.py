@@ -52,7 +52,7 @@ def contract_checks(kind: str, name: str, workdir: Path | None = None) -> list[C
     """Rows of ``kind``'s contract for the installed plugin ``name``; never raises for a failed check."""
     if kind in ("model", "algorithm") and spec_of(kind, name).attrs.get("modality") == "text":
         return [Check("contract", True, f"skipped: a text-modality {kind} is checked on a text task "
-                      "(rlinf's tests/test_text_contract.py), not by these checks")]
+                      "(rlinf's tests/contracts/test_text_contract.py), not by these checks")]
     if kind == "model":
         return model_checks_for(name)
     if kind == "algorithm":

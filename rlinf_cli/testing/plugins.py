@@ -13,7 +13,7 @@ CONTRACT_KINDS = ("model", "algorithm", "simulator", "accelerator", "executor")
 
 def installed(kind: str, *, embodied: bool = False) -> list[Any]:
     """Registered specs of ``kind``, by name; ``embodied``: without text-modality ones (their
-    contracts are the text-task checks, tests/test_text_contract.py)."""
+    contracts are the text-task checks, tests/contracts/test_text_contract.py)."""
     specs = sorted(get_registry().specs(kind).values(), key=lambda s: s.name)
     return [s for s in specs if not (embodied and s.attrs.get("modality") == "text")]
 

@@ -5,7 +5,7 @@ The readable loss is ``PPO.loss`` in ppo.py; this module computes the same numbe
 runs its ops in the same order) and hands each input its gradient in closed form instead of
 autograd walking ~25 nodes of 256-element ops per minibatch, whose bookkeeping costs more than
 their maths (1.19x per minibatch together with the MLP's fused evaluate, docs/benchmarks.md).
-``tests/test_ppo_fused_loss.py`` checks loss, diagnostics and gradients against the readable path.
+``tests/unit/test_ppo_fused_loss.py`` checks loss, diagnostics and gradients against the readable path.
 PPO calls :func:`applies`, then :func:`loss`.
 """
 
@@ -49,7 +49,7 @@ class FusedLoss(torch.autograd.Function):
     their maths. d pg_i / d logp_i is -adv_i * ratio_i where the unclipped term is the maximum
     (where the clip binds, or the dual clip caps a negative advantage, it is 0); the value term's
     is value_coef * (v_i - R_i) where the unclipped square is the larger; the entropy's is
-    -entropy_coef. Each mean divides by N. ``tests/test_ppo_fused_loss.py`` checks it against
+    -entropy_coef. Each mean divides by N. ``tests/unit/test_ppo_fused_loss.py`` checks it against
     autograd's.
     """
 

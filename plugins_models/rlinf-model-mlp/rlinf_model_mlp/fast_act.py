@@ -11,7 +11,7 @@ replaced (the flat-buffer optimizer's first step, ``.to()``), the views are rebu
 Random draws still come from torch's generator (``torch.randn`` of the same shape as
 ``randn_like`` in the torch path, ``torch.multinomial`` on the same probabilities), so a seeded
 run draws the same numbers in either path and checkpoints keep their RNG state. The results agree
-with the torch path to float32 rounding (``tests/test_fast_act.py``).
+with the torch path to float32 rounding (``tests/unit/test_fast_act.py``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ for the weights, one sum for the bias, one product and one activation-backward o
 below. Measured on Ant-v5 sizes: 1.035x per minibatch from this node alone, 1.19x together with
 PPO's fused loss (``rlinf_algos/ppo.py``); ``benchmarks/ppo_update.py`` times the whole update.
 The same idea for SAC's 256-wide networks gave nothing (docs/benchmarks.md): there the step is
-products, not bookkeeping. ``tests/test_fast_grad.py`` checks outputs and gradients against
+products, not bookkeeping. ``tests/unit/test_fast_grad.py`` checks outputs and gradients against
 autograd.
 
 Used for continuous actions with a state-independent std (PPO's Gaussian), tanh or ReLU, fp32

@@ -1,6 +1,6 @@
 """A faster ``step`` for gymnasium's MuJoCo locomotion tasks (Hopper-v5, Walker2d-v5,
 HalfCheetah-v5, Ant-v5), with the observations, rewards, terminations, truncations and info of
-``env.step`` (``tests/test_gymnasium_fast.py`` compares them step by step, resets included).
+``env.step`` (``tests/sims/test_gymnasium_fast.py`` compares them step by step, resets included).
 
 Why: a gymnasium step of these tasks spends ~40% of its time outside the physics (Hopper on this
 CPU: ~170 us a step, ~80 us of it ``mj_step``): property lookups, ``is_healthy`` computed twice,

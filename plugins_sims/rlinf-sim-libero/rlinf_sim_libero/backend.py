@@ -2,7 +2,7 @@
 
 Everything that imports libero, robosuite or mujoco is in this module and imported only when a
 simulator is built. Tests replace :func:`load_api` and :func:`make_renderer` with fakes of the same
-shape (tests/test_libero_sim.py); tests/test_libero.py checks those fakes against the real package.
+shape (tests/sims/test_libero_sim.py); tests/sims/test_libero.py checks those fakes against the real package.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from rlinf_cli.api import settings, ArraySpec, EnvSpec, Obs, UserError
 OBS_MODES = ("state", "rgb", "state_rgb")
 REWARDS = ("normalized_dense", "dense", "sparse")
 BACKENDS = ("cpu", "gpu")
-# Tasks rlinf checks (tests/test_maniskill.py); any registered ManiSkill task id works.
+# Tasks rlinf checks (tests/sims/test_maniskill.py); any registered ManiSkill task id works.
 TASKS = ("PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1", "PullCube-v1", "LiftPegUpright-v1",
          "PokeCube-v1", "PlaceSphere-v1", "RollBall-v1", "PushT-v1")
 

@@ -4,7 +4,7 @@ Profiled on push-v3 (one core): of ~6 ms per step under load, MuJoCo's physics t
 ``SawyerXYZEnv.touching_object`` (a Python loop over every contact, twice) took ~25% and
 ``scipy.spatial.transform.Rotation.from_matrix(m).as_quat()`` (for each object's orientation in
 the observation) ~20%. The replacements compute the same numbers with a few numpy operations;
-``tests/test_metaworld_sim.py`` checks that observations, rewards and successes are unchanged.
+``tests/sims/test_metaworld_sim.py`` checks that observations, rewards and successes are unchanged.
 """
 
 from __future__ import annotations

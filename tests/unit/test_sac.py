@@ -139,7 +139,7 @@ def test_sac_killed_and_resumed_equals_the_uninterrupted_run(workdir):
     and the envs' running episodes all come back)."""
     from safetensors.torch import load_file
 
-    from tests.test_resume_exact import _kill_after, _latest_checkpoint
+    from tests.cli.test_resume_exact import _kill_after, _latest_checkpoint
 
     args = [*PENDULUM, "num_envs=2", "algo.rollout_steps=4", "algo.warmup_steps=48", "algo.minibatch_size=32",
             "algo.buffer_size=600", "model.hidden_sizes=[16,16]", "total_steps=800", "eval.episodes=1", "seed=7",

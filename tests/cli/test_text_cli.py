@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=hf", "model.hidden_size=64", "model.layers=2", "model.heads=2", "model.kv_heads=1",
         "model.intermediate_size=128"]
 QUIET = ["tracking.enabled=false", "progress=false"]

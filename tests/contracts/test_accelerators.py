@@ -17,8 +17,8 @@ import torch
 from rlinf_cli import DISTRIBUTION
 from rlinf_cli.registry import get_registry
 
-REPO = Path(__file__).resolve().parents[1]
-FAKES = Path(__file__).resolve().parent / "fake_accel"
+REPO = Path(__file__).resolve().parents[2]
+FAKES = Path(__file__).resolve().parents[1] / "fake_accel"
 
 
 def _fake_runtime_class() -> type:

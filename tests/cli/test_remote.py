@@ -24,9 +24,9 @@ from rlinf_cli.runtime.env_worker import Reply
 from rlinf_cli.runtime.workers import EnvWorkerError
 from rlinf_executor_local.executor import LocalExecutor
 from rlinf_sim_remote.sim import RemoteSimulator
-from test_runtime_workers import _assert_same, _trace
+from tests.unit.test_runtime_workers import _assert_same, _trace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager

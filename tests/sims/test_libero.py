@@ -132,7 +132,7 @@ def test_reference_stack_served_to_the_trainer(cli):
 
     from envserver import env_server
 
-    rlinf = Path(__file__).resolve().parents[1] / ".venv-libero" / "bin" / "rlinf"
+    rlinf = Path(__file__).resolve().parents[2] / ".venv-libero" / "bin" / "rlinf"
     if not rlinf.exists():
         pytest.skip("needs .venv-libero: run `make libero-reference`")
     with env_server([rlinf], "sim=libero", "sim.suite=object", "sim.max_episode_steps=5", timeout=180,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = ["rlinf-algos>=0.1.0,<0.2", "rlinf-model-mlp>=0.1.0,<0.2", "rlinf-executor-local>=0.1.0,<0.2"]
 EVERY_MODEL = "model-mlp,model-hf,model-vla"
 

@@ -1,6 +1,6 @@
 """Batched simulators (BatchedSimulator / BatchedEnv) and rlinf-sim-isaaclab's adapter, on a fake
 Isaac Lab env with the real API shape (tests/fake_isaaclab.py; checked against the real env by
-tests/test_isaaclab.py, marker ``isaaclab``). CPU, no Isaac Lab needed."""
+tests/sims/test_isaaclab.py, marker ``isaaclab``). CPU, no Isaac Lab needed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugins_sims" / "rlinf-sim-isaaclab"
 # The plugin is not installed in .venv (Isaac Lab needs Python 3.12): its package is put on the
 # path through a directory of its own, so that an egg-info an editable install elsewhere left in

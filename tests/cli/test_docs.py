@@ -11,7 +11,7 @@ import pytest
 
 from rlinf_cli.confdoc import config_files, parse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 
 import reference  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RLINF
-from tests.test_bad_input_e2e import _one_line_error
+from tests.cli.test_bad_input_e2e import _one_line_error
 
 QUICK = ["tracking.enabled=false", "progress=false"]
 

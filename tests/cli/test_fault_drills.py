@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RLINF
-from tests.test_bad_input_e2e import _one_line_error
+from tests.cli.test_bad_input_e2e import _one_line_error
 
 QUICK = ["tracking.enabled=false", "progress=false"]
 TINY_RL = ["num_envs=2", "algo.rollout_steps=16", "algo.epochs=1", "eval.episodes=0", "progress=false"]

@@ -22,7 +22,7 @@ INSTRUCTIONS = ["reach the goal position", "push the puck to the goal", "open th
 def _node(**over) -> dict:
     from pathlib import Path
 
-    node = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / CONF))
+    node = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / CONF))
     return {**node, **SMALL, **over}
 
 

@@ -16,7 +16,7 @@ from tests.conftest import RLINF
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "independent_eval.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "independent_eval.py"
 QUIET = ["tracking.enabled=false", "progress=false", "quiet=true"]
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from envserver import env_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MS_RLINF = REPO / ".venv-maniskill" / "bin" / "rlinf"
 
 pytestmark = [pytest.mark.maniskill,

@@ -34,7 +34,7 @@ def test_ray_learns_cartpole_like_the_local_executor(cli, learning) -> None:
     """The very same run as the local executor: synchronous actors step the same envs with the
     same seeds and actions, so every metric row and the final weights are equal, and it learns
     (return 4x its first rollouts'). 24k steps, not the local bar's 100k
-    (tests/test_learning_cartpole.py): under load a Ray step costs several times an in-process
+    (tests/learning/test_learning_cartpole.py): under load a Ray step costs several times an in-process
     one, and equality row by row carries the local executor's bar over."""
     import torch
 

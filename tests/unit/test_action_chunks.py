@@ -79,7 +79,7 @@ def test_chunk_targets_stay_in_their_episode():
 
 
 def _chunk_policy():
-    from test_vla_model import _node, _obs, _spec
+    from tests.models.test_vla_model import _node, _obs, _spec
     from rlinf_model_vla.model import VLAPolicy
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ SIM = ["sim=metaworld", "sim.task=reach-v3", "sim.max_episode_steps=40"]
 
 
 def test_chunk_policy_through_the_cli(cli, workdir):
-    from test_vla_cli import VLA
+    from tests.cli.test_vla_cli import VLA
 
     res = cli("collect", *SIM, *QUIET, "policy=expert", "episodes=2", "num_envs=2", "output=data")
     assert res.code == 0, res.err
@@ -141,7 +141,7 @@ def test_chunk_policy_in_worker_processes_resumes_exactly(cli, workdir):
     checkpoint replays the [K, d] actions of the running episodes and ends bit for bit equal."""
     from safetensors.torch import load_file
 
-    from test_vla_cli import VLA
+    from tests.cli.test_vla_cli import VLA
 
     res = cli("collect", *SIM, *QUIET, "policy=expert", "episodes=2", "num_envs=2", "output=data")
     assert res.code == 0, res.err

@@ -1,7 +1,7 @@
 """rlinf-sim-libero's own logic on a fake LIBERO (tests/fake_libero.py): seeds -> fixed initial
 states, task selection, observations, success, resets that forget the previous episode, errors.
 
-These run in `make test` without LIBERO; tests/test_libero.py (marker `libero`) runs the real one.
+These run in `make test` without LIBERO; tests/sims/test_libero.py (marker `libero`) runs the real one.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlinf_model_vla.model import VLAPolicy
-from test_vla_model import _node, _obs, _spec
+from tests.models.test_vla_model import _node, _obs, _spec
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 

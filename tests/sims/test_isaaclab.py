@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from envserver import env_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IL_VENV = REPO / ".venv-isaaclab"
 IL_RLINF = IL_VENV / "bin" / "rlinf"
 ASSETS = IL_VENV / "isaac-assets"

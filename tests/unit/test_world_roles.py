@@ -14,7 +14,7 @@ from rlinf_cli.config import compose
 from rlinf_cli.experience import Experience
 from rlinf_cli.runtime.batches import SampleBatches
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_make_returns_the_embodied_roles_with_their_settings_not_the_config():

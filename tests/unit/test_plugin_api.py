@@ -107,7 +107,7 @@ def test_a_hook_of_another_api_that_raises_does_not_break_the_registry():
 
 
 def test_bundled_plugins_and_scaffolds_declare_this_api():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     hooks = [p for d in ("plugins", "plugins_sims", "plugins_models", "templates") for p in (root / d).rglob("plugin.py")]
     assert len(hooks) >= 15
     for path in hooks:
