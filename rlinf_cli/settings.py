@@ -18,6 +18,8 @@ def build(cls: type[T], node: Mapping[str, Any] | None, where: str) -> T:
 
     ``where`` is the config prefix used in messages (``algo``, ``model``). The key ``name``
     (which plugin) is skipped. ``ValueError`` from ``__post_init__`` becomes a :class:`UserError`.
+    A field whose type is itself a dataclass (``lora: LoraSettings``) is built the same way from
+    its sub-node (``model.lora.r=8``), with its own checks and messages naming the whole key.
     """
     from omegaconf import OmegaConf
 
@@ -28,6 +30,10 @@ def build(cls: type[T], node: Mapping[str, Any] | None, where: str) -> T:
     else:
         data = dict(node)
     data.pop("name", None)
+    return _build(cls, data, where)
+
+
+def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
@@ -79,6 +85,11 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     elif origin is dict or hint is dict:
         if isinstance(value, dict):
             return value
+    elif dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, Mapping):  # a nested node: every key of it is checked (no plugin `name` here)
+            return _build(hint, dict(value), key)
     else:
         return value
     raise UserError(f"bad value for '{key}': expected {getattr(hint, '__name__', hint)}, got {shown(value)}")
