@@ -91,6 +91,18 @@ def eval_(ctx: typer.Context) -> None:
     _run_stage("eval", ctx.args)
 
 
+@app.command("export", context_settings=OVERRIDES)
+def export(ctx: typer.Context) -> None:
+    """Write a checkpoint's policy for use outside rlinf, in its model's own format (model=hf: a plain
+    transformers directory, a LoRA adapter merged into the weights).
+
+    Example: rlinf export checkpoint=rlinf_runs/rl/<run>/checkpoints/final output=exported/
+    """
+    from rlinf_cli.stages.export import run
+
+    typer.echo(run(list(ctx.args)))
+
+
 @app.command(context_settings=OVERRIDES)
 def pipeline(ctx: typer.Context) -> None:
     """The whole loop in one command: expert -> collect -> sft -> rl -> eval, then a summary table.

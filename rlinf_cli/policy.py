@@ -7,6 +7,7 @@ pickle, so a checkpoint from someone else cannot run code on load.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
@@ -108,6 +109,34 @@ class Policy(nn.Module):
         cloning shrinks a learned std until the policy barely explores.
         """
         return False
+
+    def reference(self, start: "Policy | None") -> Any:
+        """A frozen policy whose ``evaluate`` scores the run's starting behaviour: the reference of a
+        KL term (``Algorithm.needs_reference``; ``rlinf rl`` asks for it once, before training).
+
+        ``start`` is the policy the run began from: this policy itself (a run that has not trained
+        yet), the ``init=`` checkpoint loaded again (a resumed run that began from it), or None (a
+        resumed run that began from a fresh model: those weights are gone, and the default takes
+        the policy as it is now, the closest it has).
+
+        The default keeps a frozen copy: a deep copy of this policy, or ``start`` itself when it is
+        another, freshly loaded one. A model that can score its starting behaviour from its own
+        weights overrides this to spare the copy (rlinf-model-hf with LoRA: the same model with its
+        adapter switched off).
+        """
+        ref = copy.deepcopy(self) if start is None or start is self else start
+        return ref.eval().requires_grad_(False)
+
+    def export(self, path: str | Path) -> str:
+        """Write the policy alone, for use outside training, into the new directory ``path``
+        (``rlinf export``); returns a few words saying what was written.
+
+        The default is an rlinf model checkpoint of the weights and config (what
+        :meth:`save_pretrained` writes; no optimizer or run state). A model with a standard format
+        of its own writes that instead (rlinf-model-hf: a plain transformers directory, LoRA merged).
+        """
+        self.save_pretrained(path)
+        return "an rlinf model checkpoint (weights and config)"
 
     # -- persistence ---------------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> None:

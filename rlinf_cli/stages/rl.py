@@ -9,7 +9,6 @@ runs in the engine.
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
@@ -108,15 +107,16 @@ def setup(cfg: Any) -> Run:
     note = precision_note(engine)
     if note:
         ctx.note(note)
-    # a frozen copy of the starting policy, only when the algorithm asks for one (a KL term)
+    # the starting policy, frozen, only when the algorithm asks for it (a KL term); the model
+    # decides how to keep it (Policy.reference: a copy, or its own weights with an adapter off)
     reference = None
     if algo.needs_reference():
         # a resumed run keeps its reference: the init= policy it started from, not the resumed weights
-        start = policy
+        start = None if cfg.resume else policy
         if cfg.resume and cfg.init:
             start = world.policies.policy(cfg.init, model_config(cfg, algo))
             world.policies.prepare_rl(start, fresh=True)
-        reference = copy.deepcopy(start).eval().requires_grad_(False)
+        reference = policy.reference(start)
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
     run = Run(cfg, ctx, algo, world, policy, engine, generator, rank, world_size,
               {"iteration": 0, "env_steps": 0}, reference=reference)

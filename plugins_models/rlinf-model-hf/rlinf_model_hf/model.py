@@ -12,7 +12,15 @@ Checkpoint layout (``save_pretrained``)::
     model.safetensors -> hf/model.safetensors   (a relative link: the weights are stored once)
     hf/                  a plain transformers directory: config, weights, tokenizer
 
-so ``AutoModelForCausalLM.from_pretrained("<ckpt>/hf")`` works without rlinf.
+so ``AutoModelForCausalLM.from_pretrained("<ckpt>/hf")`` works without rlinf. With LoRA
+(``model.lora.r > 0``, ``rlinf_model_hf/lora.py``)::
+
+    config.json          as above, plus "lora": where the base comes from and its fingerprint
+    adapter/             peft's adapter directory (adapter_config.json, adapter_model.safetensors)
+    model.safetensors -> adapter/adapter_model.safetensors   (the weights that train)
+    hf/                  the base model, only where it is stored (model.lora.save_base)
+
+``rlinf export`` (:meth:`HFCausalLM.export`) writes a plain transformers directory, LoRA merged.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,7 +38,7 @@ import torch
 
 from rlinf_cli.api import (settings, TEXT_SPEC, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, EvalOutput, Policy,
                            read_model_config)
-from rlinf_model_hf import presets, sampling
+from rlinf_model_hf import lora, presets, sampling
 
 HF_DIR = "hf"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -54,6 +62,7 @@ class HFConfig:
     kv_heads: int = 2  # tiny preset: key/value heads (grouped-query attention)
     intermediate_size: int = 768  # tiny preset: MLP width
     max_positions: int = 512  # tiny preset: longest sequence
+    lora: lora.LoraSettings = field(default_factory=lora.LoraSettings)  # LoRA adapters (lora.r > 0); lora.py
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -68,6 +77,9 @@ class HFConfig:
 
 def _resolve_hf_dir(path: Path) -> Path:
     """An rlinf checkpoint keeps its transformers directory in ``hf/``; accept either."""
+    if lora.is_lora_checkpoint(path):  # its hf/, if any, is the bare base: loading that alone would drop the adapter
+        raise UserError(f"model.path '{path}' is a LoRA checkpoint: continue its adapter with init={path}, or merge it "
+                        f"into a plain model directory with `rlinf export checkpoint={path} output=<dir>`")
     if (path / HF_DIR / "config.json").is_file():
         return path / HF_DIR
     return path
@@ -166,7 +178,8 @@ class HFCausalLM(Policy):
 
     has_critic = False
 
-    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec | None = None, *, _hf_dir: Path | None = None):
+    def __init__(self, config: Mapping[str, Any], env_spec: EnvSpec | None = None, *, _hf_dir: Path | None = None,
+                 _lora_ckpt: Path | None = None, _lora_saved: Mapping[str, Any] | None = None):
         super().__init__(config, env_spec or TEXT_SPEC)
         _quiet_transformers()
         self.cfg = settings.build(HFConfig, self.config, "model")
@@ -175,6 +188,17 @@ class HFCausalLM(Policy):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.cfg.gradient_checkpointing:
             self.lm.gradient_checkpointing_enable()
+        # LoRA: self.lm keeps being the transformers model (now with adapter layers in it), which the
+        # sampler calls; peft's wrapper around it is kept beside it, unregistered, so that the
+        # weights are not listed twice under two names (state_dict, engines)
+        self.lora_base: lora.Base | None = None
+        object.__setattr__(self, "peft", None)
+        if self.cfg.lora.r:
+            self.lora_base = lora.base_of(self.cfg, self.lm, _lora_saved, _lora_ckpt)
+            adapter = _lora_ckpt / lora.ADAPTER_DIR if _lora_ckpt is not None else None
+            object.__setattr__(self, "peft", lora.attach(self.lm, self.cfg.lora, adapter))
+            if self.cfg.gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that wants grads
+                self.lm.enable_input_require_grads()
         self.use_chat = self.cfg.chat_template == "auto" and bool(getattr(self.tokenizer, "chat_template", None))
 
     # -- loading ---------------------------------------------------------------------------
@@ -187,24 +211,66 @@ class HFCausalLM(Policy):
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.lm.save_pretrained(path / HF_DIR, safe_serialization=True, max_shard_size="100GB")
-        self.tokenizer.save_pretrained(path / HF_DIR)
+        model = {**self.config, "path": None, "gguf_file": None}
+        meta: dict[str, Any] = {}
+        if self.peft is None:
+            self._save_hf(path / HF_DIR)
+            weights = f"{HF_DIR}/{MODEL_FILE}"
+        else:
+            lora.save_adapter(self.peft, path / lora.ADAPTER_DIR)
+            stored = self.lora_base.stored(self.cfg.lora.save_base)
+            if stored:
+                self._save_hf(path / HF_DIR, lora.base_state_dict(self.lm))
+            else:  # referenced: the saved config loads it again (checked by its fingerprint)
+                model.update(self.lora_base.rebuild)
+            model["lora"] = asdict(self.cfg.lora)
+            meta["lora"] = self.lora_base.record(stored)
+            weights = f"{lora.ADAPTER_DIR}/{lora.ADAPTER_FILE}"
         link = path / MODEL_FILE
         if link.exists() or link.is_symlink():
             link.unlink()
-        os.symlink(f"{HF_DIR}/{MODEL_FILE}", link)
-        meta = {"model": {**self.config, "path": None, "gguf_file": None},
-                "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__}
+        os.symlink(weights, link)
+        meta = {"model": model, "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__, **meta}
         (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+
+    def _save_hf(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """A plain transformers directory: the model (or ``state_dict`` under its names) and tokenizer."""
+        self.lm.save_pretrained(directory, state_dict=state_dict, safe_serialization=True, max_shard_size="100GB")
+        self.tokenizer.save_pretrained(directory)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "HFCausalLM":
         path = Path(path)
         meta = read_model_config(path)
+        spec = EnvSpec.from_dict(meta["env_spec"])
+        saved = meta.get("lora")
+        if saved is not None and lora.is_lora_checkpoint(path):
+            base_dir = path / HF_DIR if saved.get("stored") else None
+            try:
+                policy = cls(meta["model"], spec, _hf_dir=base_dir, _lora_ckpt=path, _lora_saved=saved)
+            except UserError as exc:
+                if "LoRA" in str(exc):  # its own words already (fingerprint, adapter)
+                    raise
+                raise UserError(f"LoRA checkpoint '{path}' is built on {saved.get('source')}, which cannot be loaded "
+                                f"({exc}); put that model back (model.lora.save_base=always stores it in checkpoints)"
+                                ) from exc
+            return policy.to(map_location)
         hf_dir = _resolve_hf_dir(path)
         if hf_dir == path:
             raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
-        return cls(meta["model"], EnvSpec.from_dict(meta["env_spec"]), _hf_dir=hf_dir).to(map_location)
+        return cls(meta["model"], spec, _hf_dir=hf_dir).to(map_location)
+
+    def reference(self, start: Policy | None) -> Any:
+        """With LoRA: this model with the adapter off (or the starting adapter swapped in), no copy."""
+        ref = lora.reference(self, start) if self.peft is not None else None
+        return ref if ref is not None else super().reference(start)
+
+    def export(self, path: str | Path) -> str:
+        """A plain transformers directory (config, weights, tokenizer) that loads without rlinf;
+        with LoRA, the adapter merged into the weights."""
+        merged = lora.merged_state_dict(self.peft, self.lm) if self.peft is not None else None
+        self._save_hf(Path(path), merged)
+        return "a transformers model directory" + (" (LoRA adapter merged into the weights)" if merged is not None else "")
 
     # -- text policy interface (used by rlinf_cli.collectors.text_*) -------------------------
     @property

@@ -266,6 +266,8 @@ class VLAPolicy(Policy):
         cfg = settings.build(VLAConfig, self.config, "model")
         self.cfg = cfg
         self.lm_cfg = settings.build(HFConfig, cfg.backbone, "model.backbone")
+        if self.lm_cfg.lora.r:  # the loader below builds the plain LM; adapters are model=hf's (HFCausalLM)
+            raise UserError("model.backbone.lora: model=vla trains its whole backbone; LoRA adapters are for model=hf")
         keys = cfg.obs_keys if cfg.obs_keys is not None else tuple(k for k in env_spec.observation if k not in SKIP_KEYS)
         missing = [k for k in keys if k not in env_spec.observation]
         if missing:
