@@ -45,6 +45,8 @@ class TextRollout:
         self._rank, self._world = rank, world
         self._spec = algo.rollout_spec()
         self.sampler = torch.Generator(device=policy.device).manual_seed(int(self.settings.seed) * 1_000_003 + rank)
+        if saved is not None and "sampler" in saved:  # a resumed run samples on from where it stopped
+            self.sampler.set_state(torch.from_numpy(np.ascontiguousarray(saved["sampler"])))
         if self._spec.kind not in ("steps", "episodes"):
             raise UserError(f"algorithm '{algo.name}' learns from rollout='{self._spec.kind}', which text tasks "
                             f"cannot provide; use a steps or episodes algorithm (--algo grpo, rloo, reinforce++)")
@@ -120,7 +122,8 @@ class TextRollout:
         return f"reward {metrics['rollout/reward_mean']:.3f}  acc {metrics['rollout/accuracy']:.0%}"
 
     def state(self) -> dict[str, np.ndarray]:
-        return {}
+        """The sampler's RNG: prompts are drawn by iteration, completions from this stream."""
+        return {"sampler": self.sampler.get_state().cpu().numpy()}
 
     def save_files(self, directory: Any) -> None:
         pass
