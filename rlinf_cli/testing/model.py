@@ -1,5 +1,6 @@
 """The model contract: seeded construction, ``act``/``evaluate``/``get_value`` shapes and agreement,
-gradients, and a save/load round trip, on a discrete and a continuous action space."""
+gradients, a save/load round trip, the KL reference and export, on a discrete and a continuous
+action space."""
 
 from __future__ import annotations
 
@@ -122,9 +123,27 @@ def _on_spec(checks: Checks, prefix: str, name: str, factory: Callable[..., Any]
             assert torch.allclose(a, b, rtol=1.3e-6, atol=1e-5), "a model loaded with from_pretrained() scores actions differently"
         return "save_pretrained + from_pretrained give the same model"
 
+    def reference() -> str:
+        ref = model.reference(model)
+        a = model.evaluate(obs, out.action).logprob.detach()
+        b = ref.evaluate(obs, out.action).logprob
+        assert torch.allclose(a, b, rtol=1.3e-6, atol=1e-5), "reference(start=model) scores actions unlike the model"
+        trainable = [n for n, q in ref.named_parameters() if q.requires_grad] if isinstance(ref, torch.nn.Module) else []
+        assert not trainable, f"the reference is not frozen: {trainable[:3]} require gradients"
+        return f"{type(ref).__name__}, frozen"
+
+    def export() -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            what = model.export(Path(tmp) / "out")
+            assert isinstance(what, str) and what, f"export() returned {what!r}; expected a few words saying what it wrote"
+            assert any((Path(tmp) / "out").iterdir()), "export() wrote nothing into its directory"
+        return what
+
     checks.run(prefix + "evaluate() re-scores act()'s actions", evaluate)
     checks.run(prefix + "get_value() shape", get_value)
     checks.run(prefix + "act(deterministic=True) is repeatable", deterministic)
     checks.run(prefix + "gradients reach the parameters", gradients)
     checks.run(prefix + "observation_keys are entries the simulator gives", observation_keys)
     checks.run(prefix + "save_pretrained / from_pretrained round trip", round_trip)
+    checks.run(prefix + "reference() (a KL term's frozen start) scores like the model", reference)
+    checks.run(prefix + "export() writes the policy", export)

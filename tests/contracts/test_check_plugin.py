@@ -58,7 +58,7 @@ def test_a_scaffolded_model_passes(cli, workdir, monkeypatch):
     _scaffold("cp_model", "model", workdir, monkeypatch)
     res = cli("check-plugin", "cp_model")
     assert res.code == 0, res.err
-    assert "FAIL" not in res.out and res.out.count("pass") == 16, res.out
+    assert "FAIL" not in res.out and res.out.count("pass") == 20, res.out
 
 
 @pytest.mark.parametrize("kind", ["simulator", "robot"])
