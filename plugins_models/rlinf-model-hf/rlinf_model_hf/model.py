@@ -183,7 +183,14 @@ class HFCausalLM(Policy):
         super().__init__(config, env_spec or TEXT_SPEC)
         _quiet_transformers()
         self.cfg = settings.build(HFConfig, self.config, "model")
-        self.lm, self.tokenizer = self._load(_hf_dir)
+        try:
+            self.lm, self.tokenizer = self._load(_hf_dir)
+        except UserError as exc:
+            if _lora_ckpt is None:
+                raise
+            source = (_lora_saved or {}).get("source")
+            raise UserError(f"LoRA checkpoint '{_lora_ckpt}' is built on {source}, which cannot be loaded ({exc}); put "
+                            f"that model back (model.lora.save_base=always stores it in checkpoints)") from exc
         if self.tokenizer.pad_token_id is None:  # many LM tokenizers have none; pad with eos (masked anyway)
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.cfg.gradient_checkpointing:
@@ -246,15 +253,7 @@ class HFCausalLM(Policy):
         saved = meta.get("lora")
         if saved is not None and lora.is_lora_checkpoint(path):
             base_dir = path / HF_DIR if saved.get("stored") else None
-            try:
-                policy = cls(meta["model"], spec, _hf_dir=base_dir, _lora_ckpt=path, _lora_saved=saved)
-            except UserError as exc:
-                if "LoRA" in str(exc):  # its own words already (fingerprint, adapter)
-                    raise
-                raise UserError(f"LoRA checkpoint '{path}' is built on {saved.get('source')}, which cannot be loaded "
-                                f"({exc}); put that model back (model.lora.save_base=always stores it in checkpoints)"
-                                ) from exc
-            return policy.to(map_location)
+            return cls(meta["model"], spec, _hf_dir=base_dir, _lora_ckpt=path, _lora_saved=saved).to(map_location)
         hf_dir = _resolve_hf_dir(path)
         if hf_dir == path:
             raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
