@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlinf_algos.grpo import GRPO, group_advantages, informative_groups
+from rlinf_algos.grpo import GRPO, aggregate, group_advantages, informative_groups
 from rlinf_algos.ppo import PPO, gae
 from rlinf_cli.algorithm import MiniBatch, clipped_surrogate, masked_mean
 from rlinf_cli.errors import UserError
@@ -76,6 +76,18 @@ def test_masked_mean_ignores_padding():
     assert masked_mean(x, mask).item() == 2.0
 
 
+def test_loss_aggregation_token_vs_sequence():
+    # a 1-token completion with value 4 and a 3-token completion with value 0
+    x = torch.tensor([[4.0, 9.0, 9.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert aggregate(x, mask, "token").item() == pytest.approx(1.0)  # 4 / 4 valid tokens
+    assert aggregate(x, mask, "sequence").item() == pytest.approx(2.0)  # (4 + 0) / 2 completions
+    empty = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # a row without valid tokens does not count
+    assert aggregate(x, empty, "sequence").item() == pytest.approx(4.0)
+    steps = torch.tensor([1.0, 3.0])  # step-level minibatch: no sequences, both modes agree
+    assert aggregate(steps, torch.ones(2), "sequence") == aggregate(steps, torch.ones(2), "token")
+
+
 def test_ppo_loss_gradients_flow_and_stats_are_finite():
     algo = PPO.from_config({"name": "ppo"})
     logp = torch.zeros(8, requires_grad=True)
@@ -122,7 +134,8 @@ def test_grpo_steps_share_their_episode_advantage():
                                        ({"name": "ppo", "clipratio": 0.1}, "Did you mean 'algo.clip_ratio'"),
                                        ({"name": "ppo", "kl_coef": -0.1}, "kl_coef"),
                                        ({"name": "ppo", "epochs": "many"}, "expected int"),
-                                       ({"name": "grpo", "group_size": 1}, "group_size must be >= 2")])
+                                       ({"name": "grpo", "group_size": 1}, "group_size must be >= 2"),
+                                       ({"name": "grpo", "loss_agg": "seq"}, "loss_agg must be one of")])
 def test_config_validation_is_a_user_error(node, msg):
     cls = PPO if node["name"] == "ppo" else GRPO
     with pytest.raises(UserError, match=msg):

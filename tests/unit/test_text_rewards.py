@@ -124,3 +124,32 @@ def test_calculator_task_tool_response():
     assert task.tool_response(sample, "<calc>import os</calc>").startswith("<result>error:")
     assert task.tool_response(sample, "#### 5") is None
     assert task.score(sample, sample.solution).correct
+
+
+@pytest.mark.parametrize("text, mode, expected", [
+    ("think <answer> 42 </answer>", "tag", "42"),
+    ("<answer>1</answer> no, <answer>2</answer>", "tag", "2"),
+    ("<answer></answer>", "tag", None),
+    ("<answer>7", "tag", None),  # unclosed: the model stopped mid-answer
+    ("so <answer>9</answer> and 10", "auto", "9"),  # auto reads a tag before the last number
+])
+def test_answer_tag_extraction(text, mode, expected):
+    assert rewards.extract_answer(text, mode) == expected
+
+
+@pytest.mark.parametrize("pred, ref, same", [
+    ("\\frac{1}{2}", "0.5", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("x+1", "1+x", True),
+    ("(1,2]", "(1, 2]", True), ("1,234", "1234", True), ("3", "4", False), ("x+2", "x+1", False),
+    ("(1,2)", "(1, 2]", False), (None, "1", False),
+])
+def test_math_verify_equivalence(pred, ref, same):
+    assert rewards.math_match(pred, ref) is same
+
+
+def test_jsonl_math_reward(tmp_path):
+    path = tmp_path / "math.jsonl"
+    path.write_text('{"question": "Half of one?", "answer": "\\\\frac{1}{2}"}\n')
+    task = JsonlTask({"path": str(path), "reward": "math", "answer_format": "boxed"})
+    sample = task.prompts([0])[0]
+    assert task.score(sample, "It is \\boxed{0.5}").correct
+    assert not task.score(sample, "It is \\boxed{0.25}").correct

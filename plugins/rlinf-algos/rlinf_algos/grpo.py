@@ -3,7 +3,9 @@
 A group is G episodes (or G completions of one prompt) that start from the same state. Each
 member's advantage is its outcome relative to the group: (R - mean) / (std + eps). No critic.
 - clip-higher: asymmetric clip range [1 - clip_low, 1 + clip_high] keeps exploration alive;
-- token-level loss: every valid step/token weighs the same, whatever its episode's length;
+- token-level loss: every valid step/token weighs the same, whatever its episode's length
+  (``loss_agg=token``; ``sequence`` is the original GRPO's mean of per-sequence token means, under
+  which a long completion's tokens each weigh less);
 - group filtering: groups whose returns are all equal carry no signal and can be dropped;
   text tasks then draw fresh prompts to refill the batch (DAPO's dynamic sampling).
 Variants that change only the advantage (RLOO, REINFORCE++) subclass this file's GRPO and
@@ -20,6 +22,9 @@ from rlinf_cli.api import (Algorithm, MiniBatch, TrainConfig, approx_kl, clipped
                            EvalOutput, Experience)
 
 
+LOSS_AGG = ("token", "sequence")
+
+
 @dataclass(frozen=True)
 class GRPOConfig(TrainConfig):
     group_size: int = 8  # G: episodes (or samples) per group, from the same seed (or prompt)
@@ -34,9 +39,12 @@ class GRPOConfig(TrainConfig):
     refill_rounds: int = 3  # text tasks with filter_groups: extra prompt draws to refill dropped groups
     entropy_coef: float = 0.0  # entropy bonus
     kl_coef: float = 0.0  # weight of k3 KL to a frozen reference policy (0 = no reference)
+    loss_agg: str = "token"  # token: mean over all valid tokens (DAPO) | sequence: mean of per-sequence means
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.loss_agg not in LOSS_AGG:
+            raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGG)}, got {self.loss_agg!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.groups < 1:
@@ -54,6 +62,17 @@ def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6, 
     if scale:
         centred = centred / (g.std(dim=1, keepdim=True, unbiased=True) + eps)
     return centred.reshape(-1)
+
+
+def aggregate(x: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """Mean of per-token values ``x`` over valid tokens: all tokens alike (``token``) or each
+    sequence (a row of a [B, T] token mask) alike (``sequence``). Step-level minibatches ([B]: one
+    step per row) have no sequences, and both modes are the plain masked mean there."""
+    if how == "token" or mask is None or mask.dim() < 2:
+        return masked_mean(x, mask)
+    mask = mask.to(x.dtype)
+    per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+    return masked_mean(per_seq, (mask.sum(-1) > 0).to(x.dtype))
 
 
 def informative_groups(returns: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -93,8 +112,8 @@ class GRPO(Algorithm):
         c = self.config
         logratio = out.logprob - mb.old_logprob
         pg, clipped = clipped_surrogate(logratio, mb.advantages, c.clip_low, c.clip_high, c.dual_clip)
-        pg_loss = masked_mean(pg, mb.mask)
-        entropy = masked_mean(out.entropy, mb.mask)
+        pg_loss = aggregate(pg, mb.mask, c.loss_agg)
+        entropy = aggregate(out.entropy, mb.mask, c.loss_agg)
         loss = pg_loss - c.entropy_coef * entropy
         stats = {}
         if c.kl_coef > 0 and mb.ref_logprob is not None:

@@ -11,5 +11,7 @@ def register_simulators(register):
              summary="Text: generated arithmetic (digits, terms, operators), exact-match reward, held-out split")
     register("jsonl", "rlinf_sim_reasoning.tasks:JsonlTask", modality="text",
              summary="Text: GSM8K/MATH-style local JSONL (question, answer); #### / \\boxed{} extraction")
+    register("reasoning_gym", "rlinf_sim_reasoning.rgym:ReasoningGymTask", modality="text",
+             summary="Text: any reasoning-gym dataset (sim.task=chain_sum, countdown, ...) scored by its own verifier")
     register("calculator", "rlinf_sim_reasoning.tools:CalculatorTask", modality="text",
              summary="Text, multi-turn: the model may call a calculator tool and reads its result before answering")

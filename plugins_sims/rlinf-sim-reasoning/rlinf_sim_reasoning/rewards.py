@@ -5,12 +5,15 @@ expression and ``fractions.Fraction``; ``\\boxed{...}`` is matched by counting b
 
 Extraction modes (``extract``):
 - ``boxed``: the content of the last ``\\boxed{...}`` (nested braces allowed);
+- ``tag``: the content of the last ``<answer>...</answer>`` (reasoning-gym's default format);
 - ``hash``: the text after the last ``####`` up to the end of its line (GSM8K);
 - ``last_number``: the last number in the text;
 - ``full``: the whole completion, stripped;
-- ``auto``: boxed, else hash, else an "answer is/answer:" phrase, else the last number.
+- ``auto``: boxed, else tag, else hash, else an "answer is/answer:" phrase, else the last number.
 Comparison modes (``reward``): ``exact`` (normalised strings, or equal numbers when both
-sides are numbers) and ``numeric`` (numbers within ``tolerance``, relative or absolute).
+sides are numbers), ``numeric`` (numbers within ``tolerance``, relative or absolute) and
+``math`` (symbolic equivalence by math-verify: ``\\frac{1}{2}`` = ``0.5``, ``x+1`` = ``1+x``,
+intervals and sets; parsed with sympy under a time limit, never executed).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from fractions import Fraction
 
 from rlinf_cli.api import Score
 
-EXTRACT_MODES = ("auto", "boxed", "hash", "last_number", "full")
-REWARD_MODES = ("exact", "numeric")
+EXTRACT_MODES = ("auto", "boxed", "tag", "hash", "last_number", "full")
+REWARD_MODES = ("exact", "numeric", "math")
 
 # an optional sign, digits with optional thousands separators, optional decimals, or a/b
 _NUMBER = re.compile(r"(?<![\w.])[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?(?![\w])|"
                      r"(?<![\w.])[-+\u2212]?\.\d+(?![\w])")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_PHRASE = re.compile(r"answer\s*(?:is|:|=)\s*([^\n]*)", re.IGNORECASE)
 _MAX_NUMBER_CHARS = 64  # longer digit strings are not answers (and would make Fraction slow)
 
@@ -57,6 +61,12 @@ def extract_hash(text: str) -> str | None:
     return rest or None
 
 
+def extract_tag(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>``, stripped; None if absent or empty."""
+    found = _ANSWER_TAG.findall(text)
+    return (found[-1].strip() or None) if found else None
+
+
 def extract_last_number(text: str) -> str | None:
     found = _NUMBER.findall(text)
     return found[-1].strip() if found else None
@@ -68,13 +78,15 @@ def extract_answer(text: str, mode: str = "auto") -> str | None:
         return text.strip() or None
     if mode == "boxed":
         return extract_boxed(text)
+    if mode == "tag":
+        return extract_tag(text)
     if mode == "hash":
         return extract_hash(text)
     if mode == "last_number":
         return extract_last_number(text)
     if mode != "auto":
         raise ValueError(f"unknown extraction mode {mode!r}; choose one of {', '.join(EXTRACT_MODES)}")
-    for fn in (extract_boxed, extract_hash):
+    for fn in (extract_boxed, extract_tag, extract_hash):
         got = fn(text)
         if got is not None:
             return got
@@ -142,6 +154,22 @@ def numeric_match(pred: str | None, ref: str, tolerance: float = 1e-6) -> bool:
     return abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b)))
 
 
+def math_match(pred: str | None, ref: str) -> bool:
+    """Mathematical equivalence of two answers by math-verify (LaTeX or plain expressions)."""
+    if pred is None:
+        return False
+    import math_verify  # sympy and an ANTLR LaTeX parser: loaded on the first math-scored answer
+
+    def parse(text: str) -> list:
+        # math-verify finds LaTeX by its delimiters: a bare "\\sqrt{8}" parses to nothing, "$\\sqrt{8}$" to sqrt(8)
+        return math_verify.parse(text if "$" in text else f"${text}$", parsing_timeout=2)
+
+    gold, got = parse(ref), parse(pred)
+    if not gold or not got:
+        return exact_match(pred, ref)  # nothing math-verify understands: fall back to exact strings/numbers
+    return bool(math_verify.verify(gold, got, timeout_seconds=2))
+
+
 def has_format(text: str, answer_format: str) -> bool:
     """Whether a completion presents its answer in the task's format."""
     if answer_format == "boxed":
@@ -155,8 +183,8 @@ def has_format(text: str, answer_format: str) -> bool:
 class RewardConfig:
     """How completions are scored (every task config inherits these keys)."""
 
-    reward: str = "exact"  # exact: normalised string / equal numbers | numeric: numbers within tolerance
-    extract: str = "auto"  # auto | boxed | hash | last_number | full: where the answer is read
+    reward: str = "exact"  # exact: normalised string / equal numbers | numeric: within tolerance | math: math-verify
+    extract: str = "auto"  # auto | boxed | tag | hash | last_number | full: where the answer is read
     tolerance: float = 1e-6  # numeric: allowed |pred - ref| / max(1, |ref|)
     format_reward: float = 0.0  # added when the answer is in the task's format (shaping; 0 = off)
 
@@ -170,7 +198,12 @@ class RewardConfig:
 def score(completion: str, reference: str, cfg: RewardConfig, answer_format: str = "plain") -> Score:
     """Correctness reward (1/0) plus the optional format reward."""
     pred = extract_answer(completion, cfg.extract)
-    correct = exact_match(pred, reference) if cfg.reward == "exact" else numeric_match(pred, reference, cfg.tolerance)
+    if cfg.reward == "math":
+        correct = math_match(pred, reference)
+    elif cfg.reward == "numeric":
+        correct = numeric_match(pred, reference, cfg.tolerance)
+    else:
+        correct = exact_match(pred, reference)
     reward = float(correct)
     if cfg.format_reward and has_format(completion, answer_format):
         reward += cfg.format_reward

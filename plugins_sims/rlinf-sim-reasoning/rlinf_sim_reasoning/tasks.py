@@ -44,7 +44,7 @@ class SingleTurnTask:
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.max_new_tokens = int(cfg.max_new_tokens)
-        self.reward_cfg = rewards.RewardConfig(cfg.reward, cfg.extract, cfg.tolerance, cfg.format_reward)
+        self.reward_cfg = cfg  # every task config is a rewards.RewardConfig
 
     def score(self, sample: TextSample, completion: str) -> Score:
         return rewards.score(completion, sample.answer, self.reward_cfg, self.cfg.answer_format)
@@ -139,7 +139,7 @@ class JsonlConfig(rewards.RewardConfig):
     template: str = "{question}\n"  # prompt text around the question
     answer_format: str = "hash"  # how solutions end: hash "#### x" | boxed "\\boxed{x}" | plain
     max_new_tokens: int = 256  # tokens the model may write
-    reward: str = "numeric"  # numeric answers (GSM8K); exact for symbolic answers (MATH)
+    reward: str = "numeric"  # numeric answers (GSM8K); math (math-verify equivalence) for symbolic answers (MATH)
 
     def __post_init__(self) -> None:
         super().__post_init__()
