@@ -17,6 +17,7 @@ from rlinf_cli.collectors.base import training_seeds
 from rlinf_cli.collectors.datasets import TextDataset
 from rlinf_cli.collectors.roles import RecordSettings
 from rlinf_cli.collectors.text_sampling import sample_completions
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 from rlinf_cli.locks import FileLock
 from rlinf_cli.settings import plain
@@ -88,8 +89,9 @@ def provenance_sim(path: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 class TextRecorder:
-    def __init__(self, task: TextTask | None, policies: Any, settings: RecordSettings, device: Any = "cpu"):
-        self.task, self.policies, self.settings, self.device = task, policies, settings, device
+    def __init__(self, task: TextTask | None, policies: Any, settings: RecordSettings, device: Any = "cpu",
+                 tools: Toolbox = NO_TOOLS):
+        self.task, self.policies, self.settings, self.device, self.tools = task, policies, settings, device, tools
 
     @property
     def new_tokens(self) -> int:
@@ -121,7 +123,7 @@ class TextRecorder:
         for start in range(0, want, 64):
             chunk = samples[start:start + 64]
             for c in sample_completions(policy, self.task, chunk, k, self.new_tokens,
-                                        greedy=bool(s.deterministic) and k == 1, generator=gen):
+                                        greedy=bool(s.deterministic) and k == 1, generator=gen, tools=self.tools):
                 if c.score.correct or not only_success:
                     writer.add({"prompt": c.sample.prompt, "completion": c.text, "answer": c.sample.answer,
                                 "seed": c.sample.seed, "correct": bool(c.score.correct)})

@@ -2,7 +2,7 @@
 
 from rlinf_cli.api import hookimpl
 
-RLINF_API = "1.0"  # the plugin API this plugin is built for (rlinf_cli.api.API_VERSION)
+RLINF_API = "1.1"  # the plugin API this plugin is built for (rlinf_cli.api.API_VERSION)
 
 
 @hookimpl
@@ -11,5 +11,7 @@ def register_simulators(register):
              summary="Text: generated arithmetic (digits, terms, operators), exact-match reward, held-out split")
     register("jsonl", "rlinf_sim_reasoning.tasks:JsonlTask", modality="text",
              summary="Text: GSM8K/MATH-style local JSONL (question, answer); #### / \\boxed{} extraction")
-    register("calculator", "rlinf_sim_reasoning.tools:CalculatorTask", modality="text",
-             summary="Text, multi-turn: the model may call a calculator tool and reads its result before answering")
+    register("calculator", "rlinf_sim_reasoning.tool_tasks:CalculatorTask", modality="text",
+             summary="Text, multi-turn: arithmetic with tool plugins (sim.tools, default calculator) one call away")
+    register("word_problems", "rlinf_sim_reasoning.word_problems:WordProblemsTask", modality="text",
+             summary="Text, multi-turn: 3-4 digit arithmetic word problems; sim.tools=[calculator|python], [] = control")
