@@ -124,7 +124,8 @@ class Sandbox:
                 kill_group(proc)
             with os.fdopen(report_r, "rb") as report:
                 isolation = report.read(32).decode() or "none"
-            return Outcome(returncode, read_cut(out, self.cfg.output_chars), read_cut(err, self.cfg.output_chars),
+            # the start of the output, the end of the errors (where a traceback says what went wrong)
+            return Outcome(returncode, read_cut(out, self.cfg.output_chars), read_cut(err, self.cfg.output_chars, True),
                            time.monotonic() - began, isolation)
 
     def describe_failure(self, outcome: Outcome) -> str:
@@ -153,14 +154,15 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def read_cut(f: Any, limit: int) -> str:
-    """The first ``limit`` characters of a file, with a note of how much was cut."""
+def read_cut(f: Any, limit: int, tail: bool = False) -> str:
+    """The first (``tail``: last) ``limit`` characters of a file, with a note of how much was cut."""
     size = f.seek(0, os.SEEK_END)
-    f.seek(0)
+    f.seek(max(0, size - limit * 4) if tail else 0)
     text = f.read(limit * 4).decode("utf-8", errors="replace")
-    if len(text) > limit or size > limit * 4:
-        return text[:limit] + f"\n[output cut: {size} bytes in all]"
-    return text
+    if len(text) <= limit and size <= limit * 4:
+        return text
+    note = f"[output cut: {size} bytes in all]"
+    return f"{note}\n{text[-limit:]}" if tail else f"{text[:limit]}\n{note}"
 
 
 def remove_tree(path: Path) -> None:
