@@ -14,27 +14,13 @@ import torch
 
 from rlinf_cli.api import TextTask
 from rlinf_cli.collectors.base import training_seeds
-from rlinf_cli.collectors.datasets import TextDataset
+from rlinf_cli.collectors.datasets import META_SUFFIX, TextDataset, read_meta
 from rlinf_cli.collectors.roles import RecordSettings
 from rlinf_cli.collectors.text_sampling import sample_completions
 from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 from rlinf_cli.locks import FileLock
 from rlinf_cli.settings import plain
-
-META_SUFFIX = ".meta.json"
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    """Provenance written beside a JSONL by `rlinf collect` (``<file>.meta.json``); {} if absent."""
-    meta = Path(str(path) + META_SUFFIX)
-    if not meta.is_file():
-        return {}
-    try:
-        return json.loads(meta.read_text())
-    except ValueError as exc:
-        raise UserError(f"'{meta}' is not valid JSON ({exc}); delete or fix it") from exc
-
 
 class TextWriter:
     """Appends prompt/completion rows to a JSONL file (one writer at a time), with provenance
@@ -101,7 +87,8 @@ class TextRecorder:
         return TextDataset(path, val_fraction, seed, self.device, self.settings.text)
 
     def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> TextWriter:
-        return TextWriter(output, provenance)
+        # the tools the transcripts call, as the prompts described them: `sft` describes them the same way
+        return TextWriter(output, {**provenance, **({"tools": self.tools.schemas} if self.tools else {})})
 
     def demos_summary(self, kept: Sequence[dict[str, Any]]) -> dict[str, float]:
         return {"prompts": float(len(kept)), "accuracy": float(np.mean([r.get("correct", True) for r in kept]))

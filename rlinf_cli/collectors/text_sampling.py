@@ -53,15 +53,14 @@ class RolloutStats:
     seen: list[Completion] = field(default_factory=list)
 
 
-def encode_prompts(policy: Any, samples: Sequence[TextSample], tools: Toolbox) -> list[list[int]]:
-    """The prompts' token ids; with tools, described as the policy's chat template does (or in
-    the fallback text when the policy takes no ``tools``)."""
-    texts = [s.prompt for s in samples]
-    if not tools:
-        return policy.encode_prompts(texts)
+def prompt_ids(policy: Any, texts: Sequence[str], schemas: Sequence[Any] = ()) -> list[list[int]]:
+    """The prompts' token ids; with tools (function schemas), described as the policy's chat template
+    does, or in the fallback text (toolcalls.tools_prompt) for a policy whose prompts take no tools."""
+    if not schemas:
+        return policy.encode_prompts(list(texts))
     if "tools" in inspect.signature(policy.encode_prompts).parameters:
-        return policy.encode_prompts(texts, tools=tools.schemas)
-    preamble = toolcalls.tools_prompt(tools.schemas)
+        return policy.encode_prompts(list(texts), tools=list(schemas))
+    preamble = toolcalls.tools_prompt(schemas)
     return policy.encode_prompts([f"{preamble}\n\n{t}" for t in texts])
 
 
@@ -74,12 +73,12 @@ def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample
     After a turn that calls a tool, the call's result is appended (context: loss mask 0, log-prob 0)
     and the model writes the next turn, up to ``task.max_turns`` turns and ``task.max_episode_tokens``.
     """
-    prompt_ids = encode_prompts(policy, samples, tools)
+    prompts = prompt_ids(policy, [s.prompt for s in samples], tools.schemas)
     stop = tuple(task.stop) + ((toolcalls.CALL_CLOSE,) if tools else ())
     budget = getattr(task, "max_episode_tokens", None)
-    out = [Completion(samples[i // group_size], [], [], [], prompt_ids=list(prompt_ids[i // group_size]))
+    out = [Completion(samples[i // group_size], [], [], [], prompt_ids=list(prompts[i // group_size]))
            for i in range(len(samples) * group_size)]
-    gen = policy.generate(prompt_ids, samples=group_size, max_new_tokens=_cap(max_new_tokens, budget), greedy=greedy,
+    gen = policy.generate(prompts, samples=group_size, max_new_tokens=_cap(max_new_tokens, budget), greedy=greedy,
                           stop=stop, generator=generator)
     _append_turns(out, gen, budget)
     active: Sequence[Completion] = out  # the rows whose last model turn was just written
