@@ -45,6 +45,8 @@ def text_world(task_node: Any, settings: RoleSettings, ctx: Any) -> World:
             raise UserError(f"sim '{task_node.get('name')}' is not a text task")
         label = str(task_node.get("name"))
         tools = Toolbox.for_task(task)  # once per run: a search index is built here
+        for line in tools.describe():  # which limits and isolation are in force, on this machine
+            getattr(ctx, "note", print)(line)
     policies = TextPolicies(settings.policy)
     return World("text", policies, TextRollout(task, settings.rollout, tools), GroupBatches(),
                  TextEvaluator(task, policies, settings.eval, tools),
