@@ -36,12 +36,14 @@ NETWORK_OFF = "network access is disabled in this sandbox"
 
 def unshare(want_pid: bool) -> tuple[bool, bool]:
     """(network namespace, PID namespace) that this process now has for its children."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    unshare_call = getattr(ctypes.CDLL(None, use_errno=True), "unshare", None)
+    if unshare_call is None:  # not Linux
+        return False, False
     tries = [CLONE_NEWNET | CLONE_NEWPID, CLONE_NEWNET] if want_pid else [CLONE_NEWNET]
     if os.geteuid() != 0:  # an unprivileged user may create namespaces inside a user namespace
         tries = [CLONE_NEWUSER | flags for flags in tries]
     for flags in tries:
-        if libc.unshare(flags) == 0:
+        if unshare_call(flags) == 0:
             return True, bool(flags & CLONE_NEWPID)
     return False, False
 
