@@ -168,7 +168,7 @@ def test_sft_on_tool_transcripts_describes_the_tools_and_masks_the_results(tmp_p
     from types import SimpleNamespace
 
     from rlinf_cli.collectors.datasets import TextDataset
-    from rlinf_cli.collectors.text_record import TextRecorder, TextWriter
+    from rlinf_cli.collectors.text_record import TextRecorder
 
     task = CalculatorTask({})
     recorder = TextRecorder(task, None, SimpleNamespace(seed=0), tools=Toolbox([Calculator()]))
