@@ -8,6 +8,7 @@ STAMP := $(VENV)/.rlinf-installed
 # Bundled plugins: separate distributions, registered through entry points like any third-party one.
 PLUGINS := plugins/rlinf-algos plugins/rlinf-executor-local plugins/rlinf-executor-ray \
            plugins/rlinf-accel-cuda plugins/rlinf-accel-rocm plugins/rlinf-accel-ascend plugins/rlinf-accel-musa \
+           plugins/rlinf-tools \
            plugins_sims/rlinf-mujoco-gl plugins_sims/rlinf-sim-gymnasium plugins_sims/rlinf-sim-metaworld \
            plugins_sims/rlinf-sim-reasoning \
            plugins_sims/rlinf-sim-remote plugins_sims/rlinf-sim-libero \

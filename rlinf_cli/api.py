@@ -2,7 +2,7 @@
 
 Simulator plugins return a :class:`Simulator`; model plugins a :class:`Policy`; algorithm
 plugins an :class:`Algorithm`; accelerator plugins an :class:`Accelerator`; executor plugins
-an :class:`Executor`. Only plain dataclasses and protocols live here: importing this module
+an :class:`Executor`; tool plugins a :class:`Tool`. Only plain dataclasses and protocols live here: importing this module
 does not import torch.
 """
 
@@ -354,6 +354,37 @@ class TextTask(Protocol):
         """Text to append after a model turn (e.g. a tool's result), or None: the episode is over."""
         ...
 
+    # Optional, read with getattr (API 1.1): ``tools`` (names of tool plugins the model may call,
+    # ``sim.tools``: the prompt describes them, a turn also stops at a call, whose result comes back
+    # as a tool message; rlinf_cli/toolcalls.py), ``tool_options`` (per tool, options over its
+    # conf/tool/<name>.yaml), ``max_episode_tokens`` (model turns and tool results together).
+
+
+class ToolError(Exception):
+    """A tool's expected failure (a bad expression, code that raised, a limit hit). Its message
+    becomes the call's result, ``error: <message>``; the run goes on. Any other exception from a
+    tool is caught the same way and counted as a crash."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A function a language model may call during a text task's episode (plugin kind ``tool``,
+    hook ``register_tools``, factory ``(cfg) -> Tool``).
+
+    ``name`` is how the model calls it; ``description`` and ``parameters`` (JSON schema of the
+    arguments object) are what the chat template's ``tools=`` shows. ``call`` gets arguments checked
+    against the schema and returns the result text, bounding its own time and output (the core also
+    stops waiting after ``timeout_s`` and cuts long results). Optional: ``timeout_s``, ``close()``,
+    ``describe()``, ``example`` (arguments for the contract checks) and, on the factory,
+    ``example_config(workdir) -> dict`` (options that make a working instance, e.g. a folder).
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def call(self, arguments: Mapping[str, Any]) -> str: ...
+
 
 TEXT_SPEC = EnvSpec(observation={"text": ArraySpec((), "str")}, action=ArraySpec((), "str"),
                     max_episode_steps=1, has_success=True)
@@ -370,6 +401,8 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     "settings": ("rlinf_cli.settings", None),
     "__version__": ("rlinf_cli", "__version__"),
     "read_rows": ("rlinf_cli.data.jsonl", "read_rows"),
+    # text tasks, tools and text models: the tool-call format (tags, parsing, the fallback prompt)
+    "toolcalls": ("rlinf_cli.toolcalls", None),
     # models
     **{n: ("rlinf_cli.policy", n) for n in
        ("Policy", "ActOutput", "EvalOutput", "CONFIG_FILE", "MODEL_FILE", "read_model_config")},

@@ -11,6 +11,8 @@ from typing import Any, Callable
 import numpy as np
 
 from rlinf_cli.api import EnvSpec
+from rlinf_cli.registry import get_registry
+from rlinf_cli.toolcalls import CALL_OPEN, parse_call
 
 
 def _checker(rows: list[tuple[str, bool, str]]) -> Callable[[str, Callable[[], str]], bool]:
@@ -226,7 +228,14 @@ def check_text_task(task: Any, n: int = 50) -> list[tuple[str, bool, str]]:
         s = task.prompts([0])[0]
         reply = task.tool_response(s, s.solution)
         assert reply is None or isinstance(reply, str), "tool_response must return str or None"
-        return "no tool turn after the final answer" if reply is None else f"tool reply: {reply[:40]!r}"
+        names = [str(n) for n in getattr(task, "tools", None) or ()]
+        missing = [n for n in names if n not in get_registry().specs("tool")]
+        assert not missing, f"sim.tools names tools no installed plugin registers: {', '.join(missing)}"
+        calls = [parse_call(CALL_OPEN + part) for part in s.solution.split(CALL_OPEN)[1:]]
+        bad = [c for c in calls if c is None or c.error or c.name not in names]
+        assert not bad, f"the reference solution makes a call that is malformed or names no tool of the task: {bad[0]}"
+        said = f"tools {', '.join(names)}; reference calls {len(calls)}" if names else "no tools"
+        return f"{said}; " + ("no tool turn after the final answer" if reply is None else f"tool reply: {reply[:40]!r}")
 
     def picklable() -> str:
         pickle.loads(pickle.dumps(task))

@@ -25,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-plugins_app = typer.Typer(help="Installed plugins (simulators, models, algorithms, accelerators, executors).", no_args_is_help=True)
+plugins_app = typer.Typer(help="Installed plugins (simulators, models, algorithms, accelerators, executors, tools).", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect the composed configuration.", no_args_is_help=True)
 env_app = typer.Typer(help="Serve simulators to other Python environments and machines (sim=remote).", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
@@ -234,7 +234,7 @@ def check_sim(ctx: typer.Context) -> None:
 @app.command("check-plugin")
 def check_plugin(
     name: str = typer.Argument(..., help="The plugin's registered name (`rlinf plugins list`)"),
-    kind: Optional[str] = typer.Option(None, "--kind", help="model | algorithm | simulator | accelerator | executor "
+    kind: Optional[str] = typer.Option(None, "--kind", help="model | algorithm | simulator | accelerator | executor | tool "
                                        "(only when NAME is registered under several kinds)"),
 ) -> None:
     """Check an installed plugin against its kind's contract (for plugin authors): a table of checks.

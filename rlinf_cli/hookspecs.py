@@ -27,7 +27,8 @@ import pluggy
 # The plugin API this core speaks, "MAJOR.MINOR". A plugin's hook module declares the version it
 # was built for (``RLINF_API = "1.1"``); the registry refuses a plugin of another MAJOR (named in
 # one line) and warns about one that declares a newer MINOR or nothing (docs/plugins.md). MAJOR
-# goes up when a name here is removed or its contract changes; MINOR when one is added.
+# goes up when a name here is removed or its contract changes; MINOR when one is added
+# (1.1: tools, the ``register_tools`` hook and the tool names of rlinf_cli.api).
 API_VERSION = "1.1"
 
 hookspec = pluggy.HookspecMarker("rlinf")
@@ -57,3 +58,9 @@ def register_accelerators(register):
 @hookspec
 def register_executors(register):
     """Register executors that place env workers. Factory: ``(cfg) -> Executor``."""
+
+
+@hookspec
+def register_tools(register):
+    """Register tools a language model may call in a text task's episode (API 1.1). Factory:
+    ``(cfg) -> Tool`` (rlinf_cli.api.Tool); a text task lists the tools it offers in ``sim.tools``."""

@@ -49,6 +49,9 @@ KINDS: dict[str, Kind] = {
         Kind("algorithm", "register_algorithms", "algo", "rlinf-algo-{name}"),
         Kind("accelerator", "register_accelerators", "accelerator", "rlinf-accel-{name}"),
         Kind("executor", "register_executors", "executor", "rlinf-executor-{name}"),
+        # tools are not a stage's group choice: a text task names them in `sim.tools`; their options
+        # (conf/tool/<name>.yaml) are overridden under `sim.tool_options.<name>`
+        Kind("tool", "register_tools", "tool", "rlinf-tool-{name}"),
     )
 }
 GROUP_TO_KIND = {k.group: k.name for k in KINDS.values()}

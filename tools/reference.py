@@ -167,7 +167,11 @@ def config_reference() -> str:
             by_group.setdefault(group, []).append((owner, p))
     for group, kind in GROUP_TO_KIND.items():
         parts.append(f"\n### Group `{group}` {{#group-{group}}}\n")
-        parts.append(f"Options for the {KINDS[kind].name}: `{group}=<option>`, keys as `{group}.<key>=...`.\n")
+        if kind == "tool":  # not a stage's group choice: a text task names its tools
+            parts.append("Options of each tool: a text task offers it with `sim.tools=[<option>]`; its keys are "
+                         "set as `+sim.tool_options.<option>.<key>=...`.\n")
+        else:
+            parts.append(f"Options for the {KINDS[kind].name}: `{group}=<option>`, keys as `{group}.<key>=...`.\n")
         for owner, p in sorted(by_group.get(group, []), key=lambda x: x[1].stem):
             doc = parse(p)
             parts.append(f"\n#### `{group}={p.stem}`\n")

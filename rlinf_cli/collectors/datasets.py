@@ -11,7 +11,10 @@ Both kinds of dataset give `sft` the same thing: shuffled minibatches that an al
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -19,13 +22,31 @@ import torch
 
 from rlinf_cli.algorithm import Algorithm, MiniBatch
 from rlinf_cli.api import TEXT_SPEC, Obs, StepBatch
-from rlinf_cli.collectors.text_sampling import pad_rows
+from rlinf_cli import toolcalls
+from rlinf_cli.collectors.text_sampling import pad_rows, prompt_ids, result_tokens
 from rlinf_cli.data import dataset as ds, lerobot
 from rlinf_cli.data.dataset import Episode
 from rlinf_cli.data.jsonl import read_rows
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy import check_compatible, obs_to_torch
 from rlinf_cli.runtime.chunking import chunk_of, chunk_targets
+
+
+META_SUFFIX = ".meta.json"  # beside a text JSONL: what `rlinf collect` wrote it from
+# a tool's result in a transcript as `rlinf collect` writes it (the fallback format, toolcalls.result_text)
+_RESULT = re.compile(re.escape(f"\n{toolcalls.RESULT_OPEN}") + "(.*?)" + re.escape(f"{toolcalls.RESULT_CLOSE}\n"),
+                     re.DOTALL)
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """Provenance written beside a JSONL by `rlinf collect` (``<file>.meta.json``); {} if absent."""
+    meta = Path(str(path) + META_SUFFIX)
+    if not meta.is_file():
+        return {}
+    try:
+        return json.loads(meta.read_text())
+    except ValueError as exc:
+        raise UserError(f"'{meta}' is not valid JSON ({exc}); delete or fix it") from exc
 
 
 class EpisodeBuffer:
@@ -148,7 +169,10 @@ class TextDataset:
     """Prompt/completion pairs for a language model (``text.*`` settings of `sft`).
 
     Prompts are encoded as the policy encodes them for RL (chat template when the tokenizer has
-    one), the completion is followed by eos, and the loss is on completion tokens only.
+    one), the completion is followed by eos, and the loss is on completion tokens only. A file
+    that `rlinf collect` wrote from a task with tools names them in its provenance: the prompts
+    describe them as in RL, and each tool result of a transcript is rendered as the policy renders
+    tool turns and gets no loss (the model is taught to call, not to make up results).
     """
 
     def __init__(self, path: str, val_fraction: float, seed: int, device: Any, text_cfg: Any):
@@ -159,20 +183,21 @@ class TextDataset:
         self.meta_file = None
         self.tokens = 0
         self.spec = TEXT_SPEC
+        self.tools = list((read_meta(path).get("provenance") or [{}])[-1].get("tools") or [])
 
     def prepare(self, policy: Any, note: Any) -> None:
         """Encode with the policy's tokenizer, drop rows longer than ``text.max_length``, split, pack."""
         self.pad = policy.pad_token_id
         max_length = int(self.t.max_length)
-        prompts = policy.encode_prompts([p for p, _ in self.pairs])
+        prompts = prompt_ids(policy, [p for p, _ in self.pairs], self.tools)
         self.rows, self.masks, self.dropped = [], [], 0
         for prompt, (_, completion) in zip(prompts, self.pairs):
-            target = policy.encode_text(completion) + [policy.eos_token_id]
+            target, loss = self._completion(policy, completion)
             if len(prompt) + len(target) > max_length:
                 self.dropped += 1
                 continue
             self.rows.append(list(prompt) + target)
-            self.masks.append([0] * len(prompt) + [1] * len(target))
+            self.masks.append([0] * len(prompt) + loss)
         if not self.rows:
             raise UserError(f"every example is longer than text.max_length={max_length} tokens; raise it")
         if self.dropped:
@@ -185,6 +210,22 @@ class TextDataset:
         self.train_masks = [self.masks[i] for i in train_idx]
         if self.t.packing:
             self.train_rows, self.train_masks = pack(self.train_rows, self.train_masks, max_length)
+
+    def _completion(self, policy: Any, text: str) -> tuple[list[int], list[int]]:
+        """A completion's tokens (+ eos) and loss mask: 0 on tool results where the data has tools."""
+        if not self.tools:
+            ids = policy.encode_text(text) + [policy.eos_token_id]
+            return ids, [1] * len(ids)
+        ids, mask, at = [], [], 0
+        for m in _RESULT.finditer(text):
+            wrote = policy.encode_text(text[at:m.start()])
+            call = toolcalls.parse_call(text[at:m.start()])
+            result = result_tokens(policy, call.name if call else "", m.group(1), False)
+            ids += wrote + result
+            mask += [1] * len(wrote) + [0] * len(result)
+            at = m.end()
+        tail = policy.encode_text(text[at:]) + [policy.eos_token_id]
+        return ids + tail, mask + [1] * len(tail)
 
     def _batch(self, rows: list[list[int]], masks: list[list[int]]) -> MiniBatch:
         ids, attn, loss = collate(rows, masks, self.pad, self.device)

@@ -12,7 +12,8 @@ from rich.table import Table
 from rlinf_cli.api import TextTask
 from rlinf_cli.collectors.base import Evaluation
 from rlinf_cli.collectors.roles import EvalSettings
-from rlinf_cli.collectors.text_sampling import Completion, accuracy, sample_completions
+from rlinf_cli.collectors.text_sampling import Completion, accuracy, episode_metrics, sample_completions
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 
 
@@ -54,8 +55,8 @@ def examples_json(completions: Sequence[Completion], n: int) -> list[dict[str, A
 
 
 class TextEvaluator:
-    def __init__(self, task: TextTask | None, policies: Any, settings: EvalSettings):
-        self.task, self.policies, self.settings = task, policies, settings
+    def __init__(self, task: TextTask | None, policies: Any, settings: EvalSettings, tools: Toolbox = NO_TOOLS):
+        self.task, self.policies, self.settings, self.tools = task, policies, settings, tools
 
     @property
     def new_tokens(self) -> int:
@@ -82,9 +83,10 @@ class TextEvaluator:
             generator = torch.Generator(device=policy.device).manual_seed(int(seed))
         for start in range(0, episodes, batch):
             chunk = samples[start:start + batch]
-            greedy += sample_completions(policy, self.task, chunk, 1, self.new_tokens, greedy=True)
+            greedy += sample_completions(policy, self.task, chunk, 1, self.new_tokens, greedy=True, tools=self.tools)
             if pass_k > 0:
-                comps = sample_completions(policy, self.task, chunk, pass_k, self.new_tokens, generator=generator)
+                comps = sample_completions(policy, self.task, chunk, pass_k, self.new_tokens, generator=generator,
+                                           tools=self.tools)
                 ok = np.array([bool(c.score.correct) for c in comps]).reshape(len(chunk), pass_k)  # [prompt, sample]
                 solved += int(ok.any(axis=1).sum())
                 sampled_correct += int(ok.sum())
@@ -92,7 +94,8 @@ class TextEvaluator:
                 on_batch(len(chunk))
         summary = {"prompts": float(episodes), "accuracy": accuracy(greedy),
                    "reward_mean": sum(c.score.reward for c in greedy) / episodes,
-                   "completion_tokens_mean": sum(sum(c.loss_mask) for c in greedy) / episodes}
+                   "completion_tokens_mean": sum(sum(c.loss_mask) for c in greedy) / episodes,
+                   **episode_metrics(greedy, bool(self.tools), prefix="")}
         if pass_k > 0:
             summary[f"pass@{pass_k}"] = solved / episodes
             summary["sampled_accuracy"] = sampled_correct / (episodes * pass_k)

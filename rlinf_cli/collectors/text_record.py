@@ -14,26 +14,13 @@ import torch
 
 from rlinf_cli.api import TextTask
 from rlinf_cli.collectors.base import training_seeds
-from rlinf_cli.collectors.datasets import TextDataset
+from rlinf_cli.collectors.datasets import META_SUFFIX, TextDataset, read_meta
 from rlinf_cli.collectors.roles import RecordSettings
 from rlinf_cli.collectors.text_sampling import sample_completions
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 from rlinf_cli.locks import FileLock
 from rlinf_cli.settings import plain
-
-META_SUFFIX = ".meta.json"
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    """Provenance written beside a JSONL by `rlinf collect` (``<file>.meta.json``); {} if absent."""
-    meta = Path(str(path) + META_SUFFIX)
-    if not meta.is_file():
-        return {}
-    try:
-        return json.loads(meta.read_text())
-    except ValueError as exc:
-        raise UserError(f"'{meta}' is not valid JSON ({exc}); delete or fix it") from exc
-
 
 class TextWriter:
     """Appends prompt/completion rows to a JSONL file (one writer at a time), with provenance
@@ -88,8 +75,9 @@ def provenance_sim(path: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 class TextRecorder:
-    def __init__(self, task: TextTask | None, policies: Any, settings: RecordSettings, device: Any = "cpu"):
-        self.task, self.policies, self.settings, self.device = task, policies, settings, device
+    def __init__(self, task: TextTask | None, policies: Any, settings: RecordSettings, device: Any = "cpu",
+                 tools: Toolbox = NO_TOOLS):
+        self.task, self.policies, self.settings, self.device, self.tools = task, policies, settings, device, tools
 
     @property
     def new_tokens(self) -> int:
@@ -99,7 +87,8 @@ class TextRecorder:
         return TextDataset(path, val_fraction, seed, self.device, self.settings.text)
 
     def writer(self, output: str, provenance: dict[str, Any], chunk: int) -> TextWriter:
-        return TextWriter(output, provenance)
+        # the tools the transcripts call, as the prompts described them: `sft` describes them the same way
+        return TextWriter(output, {**provenance, **({"tools": self.tools.schemas} if self.tools else {})})
 
     def demos_summary(self, kept: Sequence[dict[str, Any]]) -> dict[str, float]:
         return {"prompts": float(len(kept)), "accuracy": float(np.mean([r.get("correct", True) for r in kept]))
@@ -121,7 +110,7 @@ class TextRecorder:
         for start in range(0, want, 64):
             chunk = samples[start:start + 64]
             for c in sample_completions(policy, self.task, chunk, k, self.new_tokens,
-                                        greedy=bool(s.deterministic) and k == 1, generator=gen):
+                                        greedy=bool(s.deterministic) and k == 1, generator=gen, tools=self.tools):
                 if c.score.correct or not only_success:
                     writer.add({"prompt": c.sample.prompt, "completion": c.text, "answer": c.sample.answer,
                                 "seed": c.sample.seed, "correct": bool(c.score.correct)})

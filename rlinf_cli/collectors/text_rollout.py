@@ -17,7 +17,9 @@ from rlinf_cli.algorithm import Algorithm
 from rlinf_cli.api import TextTask
 from rlinf_cli.collectors.base import training_seeds
 from rlinf_cli.collectors.roles import RolloutSettings
-from rlinf_cli.collectors.text_sampling import Completion, RolloutStats, accuracy, sample_completions, to_experience
+from rlinf_cli.collectors.text_sampling import (Completion, RolloutStats, accuracy, episode_metrics, sample_completions,
+                                                to_experience)
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 from rlinf_cli.experience import Experience
 
@@ -25,8 +27,8 @@ from rlinf_cli.experience import Experience
 class TextRollout:
     unit = "iterations"  # `rl`'s budget: text.iterations
 
-    def __init__(self, task: TextTask | None, settings: RolloutSettings):
-        self.task, self.settings = task, settings
+    def __init__(self, task: TextTask | None, settings: RolloutSettings, tools: Toolbox = NO_TOOLS):
+        self.task, self.settings, self.tools = task, settings, tools
         self._last = RolloutStats()
         self._rank, self._world = 0, 1
 
@@ -62,7 +64,7 @@ class TextRollout:
         if spec.kind == "steps":  # T x N one-step episodes of fresh prompts
             T, N = spec.steps, int(self.settings.num_envs)
             kept = sample_completions(policy, self.task, self.task.prompts(self._seeds(iteration, 0, T * N)), 1,
-                                      self.new_tokens, generator=self.sampler)
+                                      self.new_tokens, generator=self.sampler, tools=self.tools)
             stats.seen, stats.prompts_drawn, G, shape = kept, T * N, 1, (T, N)
         else:
             kept, G = self._groups(policy, algo, iteration, spec.groups, spec.group_size, stats), spec.group_size
@@ -87,7 +89,7 @@ class TextRollout:
         rounds = algo.refill_rounds()
         for r in range(rounds + 1):
             comps = sample_completions(policy, self.task, self.task.prompts(draw), G, self.new_tokens,
-                                       generator=self.sampler)
+                                       generator=self.sampler, tools=self.tools)
             stats.seen += comps
             stats.prompts_drawn += len(draw)
             keep = algo.filter_groups(torch.tensor([x.score.reward for x in comps], dtype=torch.float32))
@@ -116,7 +118,8 @@ class TextRollout:
                 "rollout/generated_tokens": float(s.generated_tokens),
                 "rollout/groups_dropped": float(s.groups_dropped), "rollout/groups_kept": float(s.groups_kept),
                 "time/env_steps_per_s": len(seen) / max(seconds, 1e-9),
-                "time/generated_tokens_per_s": s.generated_tokens / max(seconds, 1e-9)}
+                "time/generated_tokens_per_s": s.generated_tokens / max(seconds, 1e-9),
+                **episode_metrics(seen, bool(self.tools))}
 
     def info(self, metrics: dict[str, float]) -> str:
         return f"reward {metrics['rollout/reward_mean']:.3f}  acc {metrics['rollout/accuracy']:.0%}"
@@ -129,4 +132,4 @@ class TextRollout:
         pass
 
     def close(self) -> None:
-        pass
+        self.tools.close()

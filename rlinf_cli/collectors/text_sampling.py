@@ -13,12 +13,15 @@ is context: its tokens get loss mask 0). Experience is laid out ``[T, N]`` like 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
+from rlinf_cli import toolcalls
 from rlinf_cli.api import Score, TextSample, TextTask
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.experience import Experience
 
 
@@ -34,6 +37,10 @@ class Completion:
     score: Score | None = None
     turns: int = 1
     finish: str = "length"  # eos | stop | length
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt as the policy saw it (tools described)
+    turn_start: int = 0  # where the last model turn begins in tokens
+    tool_calls: int = 0  # calls the toolbox ran or refused
+    tool_errors: list[str] = field(default_factory=list)  # the kind of each call that returned no result
 
 
 @dataclass
@@ -46,45 +53,129 @@ class RolloutStats:
     seen: list[Completion] = field(default_factory=list)
 
 
+def prompt_ids(policy: Any, texts: Sequence[str], schemas: Sequence[Any] = ()) -> list[list[int]]:
+    """The prompts' token ids; with tools (function schemas), described as the policy's chat template
+    does, or in the fallback text (toolcalls.tools_prompt) for a policy whose prompts take no tools."""
+    if not schemas:
+        return policy.encode_prompts(list(texts))
+    if "tools" in inspect.signature(policy.encode_prompts).parameters:
+        return policy.encode_prompts(list(texts), tools=list(schemas))
+    preamble = toolcalls.tools_prompt(schemas)
+    return policy.encode_prompts([f"{preamble}\n\n{t}" for t in texts])
+
+
 def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample], group_size: int,
-                       max_new_tokens: int, greedy: bool = False, generator: torch.Generator | None = None
-                       ) -> list[Completion]:
-    """``group_size`` completions per sample (rows grouped by sample), tool turns included, scored."""
-    prompt_ids = policy.encode_prompts([s.prompt for s in samples])
-    gen = policy.generate(prompt_ids, samples=group_size, max_new_tokens=max_new_tokens, greedy=greedy,
-                          stop=tuple(task.stop), generator=generator)
-    out: list[Completion] = []
-    for i in range(len(samples) * group_size):
-        n = int(gen.lengths[i])
-        out.append(Completion(samples[i // group_size], gen.tokens[i, :n].tolist(), [1] * n,
-                              gen.logprobs[i, :n].tolist(), finish=gen.finish[i]))
+                       max_new_tokens: int, greedy: bool = False, generator: torch.Generator | None = None,
+                       tools: Toolbox = NO_TOOLS) -> list[Completion]:
+    """``group_size`` completions per sample (rows grouped by sample), tool turns included, scored.
+
+    A turn ends at eos, a stop string (a tool call's closing tag among them) or ``max_new_tokens``.
+    After a turn that calls a tool, the call's result is appended (context: loss mask 0, log-prob 0)
+    and the model writes the next turn, up to ``task.max_turns`` turns and ``task.max_episode_tokens``.
+    """
+    prompts = prompt_ids(policy, [s.prompt for s in samples], tools.schemas)
+    stop = tuple(task.stop) + ((toolcalls.CALL_CLOSE,) if tools else ())
+    budget = getattr(task, "max_episode_tokens", None)
+    out = [Completion(samples[i // group_size], [], [], [], prompt_ids=list(prompts[i // group_size]))
+           for i in range(len(samples) * group_size)]
+    gen = policy.generate(prompts, samples=group_size, max_new_tokens=_cap(max_new_tokens, budget), greedy=greedy,
+                          stop=stop, generator=generator)
+    _append_turns(out, gen, budget)
+    active: Sequence[Completion] = out  # the rows whose last model turn was just written
     for _turn in range(1, int(task.max_turns)):
-        pending = []
-        for c in out:
-            if c.finish == "eos":
-                continue
-            reply = task.tool_response(c.sample, policy.decode(c.tokens))
-            if reply is not None:
-                tool = policy.encode_text(reply)
-                c.tokens += tool
-                c.loss_mask += [0] * len(tool)
-                c.logprobs += [0.0] * len(tool)
-                c.turns += 1
-                pending.append(c)
+        pending = _tool_turns(policy, task, tools, active, budget)
         if not pending:
             break
-        base = {id(s): ids for s, ids in zip(samples, prompt_ids)}
-        more = policy.generate([base[id(c.sample)] + c.tokens for c in pending], samples=1,
-                               max_new_tokens=max_new_tokens, greedy=greedy, stop=tuple(task.stop), generator=generator)
-        for j, c in enumerate(pending):
-            n = int(more.lengths[j])
-            c.tokens += more.tokens[j, :n].tolist()
-            c.loss_mask += [1] * n
-            c.logprobs += more.logprobs[j, :n].tolist()
-            c.finish = more.finish[j]
+        left = max(int(budget) - len(c.tokens) for c in pending) if budget else max_new_tokens
+        more = policy.generate([c.prompt_ids + c.tokens for c in pending], samples=1,
+                               max_new_tokens=min(max_new_tokens, left), greedy=greedy, stop=stop, generator=generator)
+        _append_turns(pending, more, budget)
+        active = pending
     for c in out:
         c.text = policy.decode(c.tokens)
         c.score = task.score(c.sample, c.text)
+    return out
+
+
+def _cap(max_new_tokens: int, budget: int | None) -> int:
+    return min(max_new_tokens, int(budget)) if budget else max_new_tokens
+
+
+def _append_turns(rows: Sequence[Completion], gen: Any, budget: int | None) -> None:
+    """Add one model turn per row from a ``Generation`` (cut where the episode's budget ends)."""
+    for j, c in enumerate(rows):
+        n = int(gen.lengths[j])
+        finish = gen.finish[j]
+        if budget and len(c.tokens) + n > int(budget):
+            n, finish = max(0, int(budget) - len(c.tokens)), "length"
+        c.turn_start = len(c.tokens)
+        c.tokens += gen.tokens[j, :n].tolist()
+        c.loss_mask += [1] * n
+        c.logprobs += gen.logprobs[j, :n].tolist()
+        c.finish = finish
+
+
+def _tool_turns(policy: Any, task: TextTask, tools: Toolbox, rows: Sequence[Completion],
+                budget: int | None) -> list[Completion]:
+    """Append the result of each row's tool call (or the task's own ``tool_response``); return the
+    rows that go on to another model turn."""
+    calls: list[tuple[Completion, toolcalls.ToolCall]] = []
+    replies: list[tuple[Completion, list[int]]] = []
+    for c in rows:
+        if budget and len(c.tokens) >= int(budget):
+            continue
+        call = toolcalls.parse_call(policy.decode(c.tokens[c.turn_start:])) if tools else None
+        if call is not None:
+            calls.append((c, call))
+        elif c.finish != "eos":
+            reply = task.tool_response(c.sample, policy.decode(c.tokens))
+            if reply is not None:
+                replies.append((c, policy.encode_text(reply)))
+    for (c, call), result in zip(calls, tools.run([call for _, call in calls]) if calls else []):
+        c.tool_calls += 1
+        if not result.ok:
+            c.tool_errors.append(str(result.error))
+        replies.append((c, result_tokens(policy, call.name, result.text, c.finish == "eos")))
+    pending = []
+    for c, ids in replies:
+        if budget:
+            ids = ids[: max(0, int(budget) - len(c.tokens))]
+        c.tokens += ids
+        c.loss_mask += [0] * len(ids)
+        c.logprobs += [0.0] * len(ids)
+        if budget and len(c.tokens) >= int(budget):
+            c.finish = "length"
+        else:
+            c.turns += 1  # the model writes another turn
+            pending.append(c)
+    return pending
+
+
+def result_tokens(policy: Any, name: str, text: str, after_eos: bool) -> list[int]:
+    """The tokens of a tool's result as the policy renders it (its chat template's tool message),
+    or the fallback text ``<tool_response>...</tool_response>`` for a policy without that method."""
+    render = getattr(policy, "encode_tool_result", None)
+    if render is not None:
+        return list(render(name, text, after_eos=after_eos))
+    return policy.encode_text(toolcalls.result_text(text))
+
+
+def episode_metrics(completions: Sequence[Completion], with_tools: bool, prefix: str = "rollout/") -> dict[str, float]:
+    """Turns per episode and, with tools, the calls: how many, the share that returned a result
+    (well-formed calls of a known tool with fitting arguments that answered without an error), and
+    the failures by kind (only kinds that occurred)."""
+    n = max(len(completions), 1)
+    out = {f"{prefix}turns_mean": sum(c.turns for c in completions) / n}
+    if not with_tools:
+        return out
+    calls = sum(c.tool_calls for c in completions)
+    errors = [e for c in completions for e in c.tool_errors]
+    out[f"{prefix}tool_calls_mean"] = calls / n
+    out[f"{prefix}tool_errors"] = float(len(errors))
+    if calls:  # no rate without calls (0 would read as "every call failed")
+        out[f"{prefix}tool_call_success"] = (calls - len(errors)) / calls
+    for kind in sorted(set(errors)):
+        out[f"{prefix}tool_errors/{kind}"] = float(errors.count(kind))
     return out
 
 
@@ -107,8 +198,9 @@ def pad_rows(rows: Sequence[Sequence[float]], value: float = 0, dtype: torch.dty
 def to_experience(policy: Any, completions: Sequence[Completion], group_size: int, shape: tuple[int, int]) -> Experience:
     """Completions (groups contiguous) -> an Experience on the policy's device, laid out ``shape``."""
     dev, pad = policy.device, policy.pad_token_id
-    samples = [completions[g * group_size].sample for g in range(len(completions) // group_size)]
-    prompts = policy.encode_prompts([s.prompt for s in samples])
+    firsts = [completions[g * group_size] for g in range(len(completions) // group_size)]
+    # the prompts as sampling saw them (tools described), not encoded again
+    prompts = [c.prompt_ids or policy.encode_prompts([c.sample.prompt])[0] for c in firsts]
     prompt_ids, prompt_mask = pad_rows(prompts, pad, left=True), pad_rows([[1] * len(p) for p in prompts], left=True)
     ids = pad_rows([c.tokens for c in completions], pad, width=1)
     attn = pad_rows([[1] * len(c.tokens) for c in completions], width=1)

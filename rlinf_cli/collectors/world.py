@@ -15,6 +15,7 @@ from rlinf_cli.collectors.roles import RoleSettings, World
 from rlinf_cli.collectors.text_eval import TextEvaluator
 from rlinf_cli.collectors.text_record import TextRecorder
 from rlinf_cli.collectors.text_rollout import TextRollout
+from rlinf_cli.collectors.text_tools import NO_TOOLS, Toolbox
 from rlinf_cli.errors import UserError
 from rlinf_cli.policy_factory import EmbodiedPolicies, TextPolicies
 from rlinf_cli.registry import make_simulator
@@ -37,14 +38,17 @@ def embodied_world(sim_node: Any, settings: RoleSettings, ctx: Any) -> World:
 
 def text_world(task_node: Any, settings: RoleSettings, ctx: Any) -> World:
     """A text task's prompts (none for a JSONL dataset that names no task)."""
-    task, label = None, "jsonl"
+    task, label, tools = None, "jsonl", NO_TOOLS
     if task_node is not None and task_node.get("name"):
         task = make_simulator(task_node)
         if getattr(task, "modality", None) != TEXT:
             raise UserError(f"sim '{task_node.get('name')}' is not a text task")
         label = str(task_node.get("name"))
+        tools = Toolbox.for_task(task)  # once per run: a search index is built here
+        for line in tools.describe():  # which limits and isolation are in force, on this machine
+            getattr(ctx, "note", print)(line)
     policies = TextPolicies(settings.policy)
-    return World("text", policies, TextRollout(task, settings.rollout), GroupBatches(),
-                 TextEvaluator(task, policies, settings.eval),
-                 TextRecorder(task, policies, settings.record, settings.policy.device),
+    return World("text", policies, TextRollout(task, settings.rollout, tools), GroupBatches(),
+                 TextEvaluator(task, policies, settings.eval, tools),
+                 TextRecorder(task, policies, settings.record, settings.policy.device, tools),
                  lambda: TEXT_SPEC, lambda: label)

@@ -7,8 +7,8 @@ suite, as functions a plugin's tests (or `rlinf check-plugin NAME`) call.
 
 ``*_checks(name)`` return the rows (check, passed, detail) without raising. The pytest plugin
 (``rlinf_cli.testing.pytest_plugin``, registered under ``pytest11``) parametrises the fixtures
-``rlinf_simulator``, ``rlinf_model``, ``rlinf_algorithm``, ``rlinf_accelerator`` and
-``rlinf_executor`` over the installed plugins of that kind.
+``rlinf_simulator``, ``rlinf_model``, ``rlinf_algorithm``, ``rlinf_accelerator``,
+``rlinf_executor`` and ``rlinf_tool`` over the installed plugins of that kind.
 
 Importing this package imports neither torch nor the registry: pytest loads the plugin at the
 start of every run, so the checks import what they need when they run.
@@ -28,9 +28,10 @@ from rlinf_cli.testing.model import model_checks
 from rlinf_cli.testing.plugins import option, spec_of
 from rlinf_cli.testing.report import Checks
 from rlinf_cli.testing.simulator import simulator_checks
+from rlinf_cli.testing.tool import tool_checks
 
 __all__ = ["CONTRACT_KINDS", "Check", "ContractFailure", "check_accelerator", "check_algorithm", "check_executor",
-           "check_model", "check_simulator", "contract_checks", "installed", "kinds_of", "model_checks_for",
+           "check_model", "check_simulator", "check_tool", "contract_checks", "installed", "kinds_of", "model_checks_for",
            "unknown_plugin"]
 
 
@@ -63,6 +64,8 @@ def contract_checks(kind: str, name: str, workdir: Path | None = None) -> list[C
         return accelerator_checks(name)
     if kind == "executor":
         return executor_checks(name)
+    if kind == "tool":
+        return tool_checks(name, workdir)
     raise ValueError(f"no contract for kind {kind!r}; kinds: {', '.join(CONTRACT_KINDS)}")
 
 
@@ -88,3 +91,8 @@ def check_accelerator(name: str) -> list[Check]:
 
 def check_executor(name: str) -> list[Check]:
     return require(f"executor '{name}'", contract_checks("executor", name))
+
+
+def check_tool(name: str, workdir: Path | None = None) -> list[Check]:
+    """The tool contract: schema, its example call, odd arguments (files it needs go to ``workdir``)."""
+    return require(f"tool '{name}'", contract_checks("tool", name, workdir))

@@ -8,7 +8,7 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.registry import get_registry, unknown_name_message
 
 # the kinds with a contract, in the order `rlinf check-plugin NAME` looks a name up
-CONTRACT_KINDS = ("model", "algorithm", "simulator", "accelerator", "executor")
+CONTRACT_KINDS = ("model", "algorithm", "simulator", "accelerator", "executor", "tool")
 
 
 def installed(kind: str, *, embodied: bool = False) -> list[Any]:

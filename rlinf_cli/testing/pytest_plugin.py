@@ -1,7 +1,7 @@
 """rlinf's pytest plugin (entry point ``pytest11``): fixtures parametrised over installed plugins.
 
 A test that takes ``rlinf_model`` (or ``rlinf_simulator``, ``rlinf_algorithm``,
-``rlinf_accelerator``, ``rlinf_executor``) runs once per installed plugin of that kind, with its
+``rlinf_accelerator``, ``rlinf_executor``, ``rlinf_tool``) runs once per installed plugin of that kind, with its
 name; ``--rlinf-plugin NAME`` (repeatable) keeps only those names:
 
     from rlinf_cli.testing import check_model
@@ -21,7 +21,7 @@ import pytest
 from rlinf_cli.testing.plugins import installed
 
 FIXTURES = {"rlinf_simulator": "simulator", "rlinf_model": "model", "rlinf_algorithm": "algorithm",
-            "rlinf_accelerator": "accelerator", "rlinf_executor": "executor"}
+            "rlinf_accelerator": "accelerator", "rlinf_executor": "executor", "rlinf_tool": "tool"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -34,7 +34,8 @@ def test_plugins_list_json_shows_every_bundled_kind(cli):
     rows = json.loads(res.out)
     names = {(r["kind"], r["name"]) for r in rows}
     for expected in [("simulator", "gymnasium"), ("model", "mlp"), ("algorithm", "ppo"), ("algorithm", "grpo"),
-                     ("algorithm", "bc"), ("accelerator", "cpu"), ("accelerator", "cuda"), ("executor", "local")]:
+                     ("algorithm", "bc"), ("accelerator", "cpu"), ("accelerator", "cuda"), ("executor", "local"),
+                     ("tool", "calculator"), ("tool", "python"), ("tool", "search")]:
         assert expected in names
     assert all(r["package"].startswith("rlinf") and r["version"] for r in rows)
 

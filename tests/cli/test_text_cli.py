@@ -105,3 +105,30 @@ def test_rl_cli_under_torchrun_with_deepspeed(workdir):
     assert result["backend"] == "deepspeed" and result["world_size"] == 2 and result["iterations"] == 2
     assert (workdir / "ds/checkpoints/final/hf/config.json").is_file()
     shutil.rmtree(workdir / "ds")
+
+
+def test_rl_with_tools_logs_tool_metrics(cli, workdir):
+    """A short GRPO run on the word problems with the python tool: it completes, and the tool metrics
+    reach metrics.jsonl and MLflow like the others; the tools-disabled control evaluates the same
+    checkpoint on the same prompts without tool turns."""
+    from mlflow.tracking import MlflowClient
+
+    r = cli("rl", "--algo", "grpo", "sim=word_problems", "sim.tools=[python]", "+sim.tool_options.python.wall_s=5",
+            *TINY, "text.iterations=2", "algo.groups=2", "algo.group_size=2", "eval.episodes=2", "run_dir=tools",
+            "progress=false")
+    assert r.code == 0, r.err
+    rows = [m for m in metrics(workdir / "tools") if "rollout/reward_mean" in m]
+    assert len(rows) == 2
+    for m in rows:
+        assert m["rollout/turns_mean"] >= 1.0 and m["rollout/tool_calls_mean"] >= 0.0 and m["rollout/tool_errors"] >= 0
+        assert ("rollout/tool_call_success" in m) == (m["rollout/tool_calls_mean"] > 0)
+    result = json.loads((workdir / "tools/result.json").read_text())
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'rlinf_runs' / 'mlflow.db'}")
+    logged = client.get_run(result["mlflow_run_id"]).data
+    assert {"rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_errors", "eval/turns_mean"} <= set(logged.metrics)
+    assert logged.params["sim.tools"] == "['python']" and logged.params["sim.tool_options.python.wall_s"] == "5"
+
+    r = cli("eval", f"checkpoint={result['checkpoint']}", "sim.tools=[]", "episodes=2", *QUIET)
+    assert r.code == 0, r.err
+    out = r.json_tail()
+    assert out["turns_mean"] == 1.0 and "tool_calls_mean" not in out  # the control: no tool turns

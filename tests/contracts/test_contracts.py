@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from rlinf_cli.api import ArraySpec, EnvSpec
-from rlinf_cli.testing import check_accelerator, check_algorithm, check_executor, check_model, check_simulator
+from rlinf_cli.testing import (check_accelerator, check_algorithm, check_executor, check_model, check_simulator,
+                               check_tool)
 
 
 def test_simulator_contract(rlinf_simulator):
@@ -36,6 +37,13 @@ def test_accelerator_contract(rlinf_accelerator):
 
 def test_executor_contract(rlinf_executor):
     check_executor(rlinf_executor)
+
+
+def test_tool_contract(rlinf_tool, workdir):
+    """A schema a chat template takes, its example call answered in time, odd arguments met with
+    text or a ToolError."""
+    rows = check_tool(rlinf_tool, workdir)
+    assert len(rows) >= 4, rows
 
 
 class _DriftingSim:

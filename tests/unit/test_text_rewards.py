@@ -1,15 +1,20 @@
-"""Reward functions on tricky strings, and the calculator tool's parser (never eval)."""
+"""Reward functions on tricky strings, the calculator tool's parser (never eval), and the tool tasks'
+reference transcripts."""
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
 
 from rlinf_cli.api import TextSample
+from rlinf_cli.errors import UserError
 from rlinf_sim_reasoning import rewards
 from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, ArithmeticTask, JsonlTask
-from rlinf_sim_reasoning.tools import CalcError, CalculatorTask, calculate
+from rlinf_sim_reasoning.tool_tasks import CalculatorTask
+from rlinf_sim_reasoning.word_problems import WordProblemsTask
+from rlinf_tools.calculator import CalcError, calculate
 
 
 @pytest.mark.parametrize("text, mode, expected", [
@@ -91,8 +96,6 @@ def test_jsonl_task(tmp_path):
 
 
 def test_jsonl_errors(tmp_path):
-    from rlinf_cli.errors import UserError
-
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x"}\n')
     with pytest.raises(UserError, match="needs fields 'question' and 'answer'"):
@@ -116,13 +119,13 @@ def test_calculator_refuses(expr):
         calculate(expr)
 
 
-def test_calculator_task_tool_response():
+def test_calculator_task_transcript_in_the_tool_call_format():
     task = CalculatorTask({})
     sample = task.prompts([3])[0]
-    assert "<calc>" in sample.solution and sample.solution.endswith(f"#### {sample.answer}")
-    assert task.tool_response(sample, "<calc>12*34</calc>") == "<result>408</result>\n"
-    assert task.tool_response(sample, "<calc>import os</calc>").startswith("<result>error:")
-    assert task.tool_response(sample, "#### 5") is None
+    q = sample.prompt.split("What is ", 1)[1].split("?")[0]
+    assert sample.solution == (f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{q}"}}}}</tool_call>'
+                               f"\n<tool_response>{sample.answer}</tool_response>\n#### {sample.answer}")
+    assert task.tools == ("calculator",) and task.stop == () and task.tool_response(sample, sample.solution) is None
     assert task.score(sample, sample.solution).correct
 
 
@@ -153,3 +156,39 @@ def test_jsonl_math_reward(tmp_path):
     sample = task.prompts([0])[0]
     assert task.score(sample, "It is \\boxed{0.5}").correct
     assert not task.score(sample, "It is \\boxed{0.25}").correct
+
+
+def test_tool_reward_needs_a_well_formed_call_to_a_task_tool():
+    task = CalculatorTask({"tool_reward": 0.5})
+    sample = task.prompts([3])[0]
+    assert task.score(sample, sample.solution).reward == 1.5
+    assert task.score(sample, f"#### {sample.answer}").reward == 1.0
+    bad = f'<tool_call>{{"name": "python", "arguments": {{}}}}</tool_call>#### {sample.answer}'  # not its tool
+    assert task.score(sample, bad).reward == 1.0
+    assert task.score(sample, "<tool_call>{nope}</tool_call>#### 1").reward == 0.0
+
+
+@pytest.mark.parametrize("tools, call", [(["calculator"], '"calculator", "arguments": {"expression": '),
+                                         (["python"], '"python", "arguments": {"code": "print('), ([], None)])
+def test_word_problems_same_prompts_whatever_the_tools(tools, call):
+    base = WordProblemsTask({}).prompts(range(20))
+    task = WordProblemsTask({"tools": tools})
+    samples = task.prompts(range(20))
+    assert [s.prompt for s in samples] == [s.prompt for s in base]  # the control sees the same problems
+    for s in samples:
+        assert task.score(s, s.solution).correct and s.solution.endswith(f"#### {s.answer}")
+        assert (call in s.solution) if call else "<tool_call>" not in s.solution
+    assert all(len(n) in (3, 4) for s in samples for n in re.findall(r"\d+", s.prompt))
+    assert {s.prompt.split()[0] for s in samples} >= {"There", "A"}  # several problem shapes
+
+
+def test_word_problems_answers_are_right_and_split():
+    task = WordProblemsTask({})
+    for s in task.prompts(range(50)):
+        expr = s.solution.split('"expression": "', 1)[1].split('"', 1)[0]
+        assert calculate(expr) == int(s.answer)
+    train = {s.prompt for s in task.prompts(range(300))}
+    assert not train & {s.prompt for s in task.prompts(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 50))}
+    with pytest.raises(UserError, match="with tools, max_turns must be >= 2"):
+        WordProblemsTask({"max_turns": 1})
+    WordProblemsTask({"max_turns": 1, "tools": []})  # the control may be single-turn

@@ -38,7 +38,7 @@ import torch
 
 from rlinf_cli.api import (settings, TEXT_SPEC, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, EvalOutput, Policy,
                            read_model_config)
-from rlinf_model_hf import lora, presets, sampling
+from rlinf_model_hf import chat, lora, presets, sampling
 
 HF_DIR = "hf"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -207,6 +207,7 @@ class HFCausalLM(Policy):
             if self.cfg.gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that wants grads
                 self.lm.enable_input_require_grads()
         self.use_chat = self.cfg.chat_template == "auto" and bool(getattr(self.tokenizer, "chat_template", None))
+        self.chat_format = chat.ChatFormat(self.tokenizer, self.use_chat, self.cfg.system_prompt)
 
     # -- loading ---------------------------------------------------------------------------
     def _load(self, hf_dir: Path | None) -> tuple[Any, Any]:
@@ -296,19 +297,15 @@ class HFCausalLM(Policy):
             return torch.autocast(dev.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each prompt: chat-templated when the tokenizer has a template, else bos + text."""
-        tok = self.tokenizer
-        if self.use_chat:
-            out = []
-            for p in prompts:
-                msgs = ([{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []) + \
-                       [{"role": "user", "content": p}]
-                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-                out.append(list(ids["input_ids"] if isinstance(ids, Mapping) else ids))
-            return out
-        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        return [bos + tok.encode(p, add_special_tokens=False) for p in prompts]
+    def encode_prompts(self, prompts: Sequence[str], tools: Sequence[Mapping[str, Any]] | None = None
+                       ) -> list[list[int]]:
+        """Token ids of each prompt: chat-templated when the tokenizer has a template, else bos + text;
+        ``tools`` (function schemas) described as the template does, or in the fallback format (chat.py)."""
+        return [self.chat_format.encode_prompt(p, tools) for p in prompts]
+
+    def encode_tool_result(self, name: str, content: str, after_eos: bool = False) -> list[int]:
+        """Token ids of a tool's result after the model's call: the template's tool message (chat.py)."""
+        return self.chat_format.encode_tool_result(name, content, after_eos)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a piece of completion text (no special tokens)."""

@@ -13,5 +13,7 @@ def register_simulators(register):
              summary="Text: GSM8K/MATH-style local JSONL (question, answer); #### / \\boxed{} extraction")
     register("reasoning_gym", "rlinf_sim_reasoning.rgym:ReasoningGymTask", modality="text",
              summary="Text: any reasoning-gym dataset (sim.task=chain_sum, countdown, ...) scored by its own verifier")
-    register("calculator", "rlinf_sim_reasoning.tools:CalculatorTask", modality="text",
-             summary="Text, multi-turn: the model may call a calculator tool and reads its result before answering")
+    register("calculator", "rlinf_sim_reasoning.tool_tasks:CalculatorTask", modality="text",
+             summary="Text, multi-turn: arithmetic with tool plugins (sim.tools, default calculator) one call away")
+    register("word_problems", "rlinf_sim_reasoning.word_problems:WordProblemsTask", modality="text",
+             summary="Text, multi-turn: 3-4 digit arithmetic word problems; sim.tools=[calculator|python], [] = control")

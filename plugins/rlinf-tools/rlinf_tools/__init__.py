@@ -1,0 +1,1 @@
+"""Tools a language model may call in rlinf's text tasks. Importing this package imports nothing heavy."""
