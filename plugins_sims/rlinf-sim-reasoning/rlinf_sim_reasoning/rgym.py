@@ -23,6 +23,7 @@ from rlinf_sim_reasoning import rewards
 from rlinf_sim_reasoning.tasks import ANSWER_FORMATS, EVAL_SEED_BASE, SingleTurnTask, format_answer, held_out
 
 MAX_WALK = 200_000  # items generated while looking for held-out questions before giving up
+STALE_WALK = 20_000  # ... or this many items in a row without a new one (the space is used up)
 ITEM_SPACE = 2 ** 31  # item indices a training seed may draw (datasets generate item i from seed + i)
 
 
@@ -77,7 +78,7 @@ class ReasoningGymTask(SingleTurnTask):
         self.dataset = make_dataset(c.task, c.params, c.data_seed)
         self._eval_items: list[int] = []  # item indices of distinct held-out questions, in order
         self._eval_seen: set[str] = set()
-        self._walked = 0
+        self._walked = self._last_new = 0
         self._items: dict[int, int] = {}  # prompt seed -> item index (score() finds the entry again)
 
     def _held_out(self, question: str) -> bool:
@@ -85,14 +86,15 @@ class ReasoningGymTask(SingleTurnTask):
 
     def _eval_item(self, k: int) -> int:
         while len(self._eval_items) <= k:
-            if self._walked >= MAX_WALK:
+            if self._walked >= MAX_WALK or self._walked - self._last_new >= STALE_WALK:
                 raise UserError(f"sim: reasoning-gym '{self.cfg.task}' with these params gave only "
-                                f"{len(self._eval_items)} distinct held-out questions in {MAX_WALK} items; "
+                                f"{len(self._eval_items)} distinct held-out questions in {self._walked} items; "
                                 f"ask for fewer eval episodes, raise sim.holdout or widen sim.params")
             question = self.dataset[self._walked]["question"]
             if self._held_out(question) and question not in self._eval_seen:
                 self._eval_seen.add(question)
                 self._eval_items.append(self._walked)
+                self._last_new = self._walked
             self._walked += 1
         return self._eval_items[k]
 
