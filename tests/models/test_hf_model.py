@@ -79,6 +79,26 @@ def test_save_and_load_model_dir(policy, tmp_path):
     assert torch.equal(via_path.lm.lm_head.weight, policy.lm.lm_head.weight)
 
 
+def test_sampling_settings_come_from_generation_config_unless_set(tmp_path):
+    policy = HFCausalLM(TINY)
+    assert policy.temperature == 1.0 and policy.sampling.top_p == 1.0  # the tiny preset's config does not sample
+    policy.lm.generation_config.do_sample = True
+    policy.lm.generation_config.temperature, policy.lm.generation_config.top_p = 0.7, 0.9
+    policy.save_pretrained(tmp_path / "ckpt")  # a model directory whose generation_config.json samples
+    path = str(tmp_path / "ckpt")
+    theirs = HFCausalLM({"name": "hf", "path": path})
+    assert (theirs.temperature, theirs.sampling.top_p) == (0.7, 0.9)
+    mine = HFCausalLM({"name": "hf", "path": path, "temperature": 1.0})
+    assert (mine.temperature, mine.sampling.top_p) == (1.0, 0.9)  # what the user sets wins, key by key
+    # the recorded log-probs follow the temperature in force (sampling and training agree)
+    prompts = theirs.encode_prompts(["12+3="])
+    gen = theirs.generate(prompts, samples=2, max_new_tokens=3, generator=torch.Generator().manual_seed(0))
+    obs = {"prompt_ids": torch.tensor(prompts), "prompt_mask": torch.ones(1, len(prompts[0]), dtype=torch.long)}
+    attn = (torch.arange(gen.tokens.shape[1])[None] < gen.lengths[:, None]).long()
+    out = theirs.evaluate(obs, {"ids": gen.tokens, "attn": attn}, with_entropy=False)
+    assert torch.allclose(out.logprob * attn, gen.logprobs * attn, atol=1e-4)
+
+
 def test_bad_path_is_a_user_error(tmp_path):
     from rlinf_cli.errors import UserError
 

@@ -52,8 +52,8 @@ class HFConfig:
     precision: str = "auto"  # auto: bf16 autocast on accelerators that support it, fp32 on CPU | fp32 | bf16
     chat_template: str = "auto"  # auto: wrap prompts in the tokenizer's chat template if it has one | none
     system_prompt: str | None = None  # system message for chat templates
-    temperature: float = 1.0  # sampling temperature of rollouts (training log-probs use it too)
-    top_p: float = 1.0  # nucleus sampling of rollouts; 1 = off
+    temperature: float | None = None  # rollout sampling temperature (training log-probs use it too); null = the model's
+    top_p: float | None = None  # nucleus sampling of rollouts; 1 = off; null = the model's generation_config
     cache_dir: str | None = None  # GGUF conversions; null = ~/.cache/rlinf/gguf
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
     hidden_size: int = 256  # tiny preset: model width
@@ -71,8 +71,29 @@ class HFConfig:
             raise ValueError("chat_template must be auto or none")
         if self.path is None and self.preset not in ("tiny", "smollm2"):
             raise ValueError(f"preset must be tiny or smollm2 (or set model.path), got {self.preset!r}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+        if (self.temperature is not None and self.temperature <= 0) or \
+                (self.top_p is not None and not 0 < self.top_p <= 1):
             raise ValueError("temperature must be > 0 and top_p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+
+
+def sampling_settings(c: HFConfig, generation_config: Any) -> Sampling:
+    """Rollout temperature and top-p: what the user set, else the model's ``generation_config``
+    (where it samples: ``do_sample``), else 1.0, the policy's own distribution."""
+    gen = generation_config if getattr(generation_config, "do_sample", False) else None
+
+    def pick(mine: float | None, key: str) -> float:
+        if mine is not None:
+            return float(mine)
+        theirs = getattr(gen, key, None)
+        return float(theirs) if theirs else 1.0
+
+    return Sampling(pick(c.temperature, "temperature"), pick(c.top_p, "top_p"))
 
 
 def _resolve_hf_dir(path: Path) -> Path:
@@ -195,6 +216,7 @@ class HFCausalLM(Policy):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.cfg.gradient_checkpointing:
             self.lm.gradient_checkpointing_enable()
+        self.sampling = sampling_settings(self.cfg, getattr(self.lm, "generation_config", None))
         # LoRA: self.lm keeps being the transformers model (now with adapter layers in it), which the
         # sampler calls; peft's wrapper around it is kept beside it, unregistered, so that the
         # weights are not listed twice under two names (state_dict, engines)
@@ -287,7 +309,7 @@ class HFCausalLM(Policy):
 
     @property
     def temperature(self) -> float:
-        return self.cfg.temperature
+        return self.sampling.temperature
 
     def autocast(self) -> Any:
         """bf16 autocast where configured (auto: on accelerators with bf16, not on CPU)."""
@@ -329,7 +351,7 @@ class HFCausalLM(Policy):
             with self.autocast():
                 return sampling.generate(self.lm, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                          eos_id=self.eos_token_id, pad_id=self.pad_token_id,
-                                         temperature=self.cfg.temperature, top_p=self.cfg.top_p, greedy=greedy,
+                                         temperature=self.sampling.temperature, top_p=self.sampling.top_p, greedy=greedy,
                                          stop_check=stop_check, generator=generator)
         finally:
             self.lm.train(was_training)
@@ -339,7 +361,7 @@ class HFCausalLM(Policy):
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with self.autocast():
             return sampling.token_logprobs(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                           group_size, self.cfg.temperature, with_entropy)
+                                           group_size, self.sampling.temperature, with_entropy)
 
     def evaluate(self, obs: Mapping[str, torch.Tensor], action: Mapping[str, torch.Tensor] | None,
                  with_entropy: bool = True) -> EvalOutput:
