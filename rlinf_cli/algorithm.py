@@ -98,8 +98,8 @@ class MiniBatch(NamedTuple):
 
     old_logprob: torch.Tensor  # [B] or [B, T]
     advantages: torch.Tensor  # [B] or [B, T]
-    returns: torch.Tensor  # [B] value targets (zeros without a critic)
-    old_values: torch.Tensor  # [B]
+    returns: torch.Tensor  # [B] value targets (zeros without a critic), or [B, T] per token (text with a critic)
+    old_values: torch.Tensor  # [B] (or [B, T]) values at collection time
     mask: torch.Tensor | None = None  # [B, T] valid tokens; None = all valid
     ref_logprob: torch.Tensor | None = None  # [B, T] frozen reference (KL penalty)
     obs: Any = None  # what ``policy.evaluate`` reads (laid out by the collector)

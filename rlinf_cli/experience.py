@@ -3,7 +3,9 @@
 Samples are laid out ``[T, N]``: T steps (time) of N columns. An embodied steps rollout has T
 steps of N envs; a group rollout has one column per episode (masked after it ends), groups of
 ``group_size`` columns side by side; a text rollout has T = 1 and one column per completion,
-with a token dimension: ``logprobs`` and ``token_mask`` are then ``[T, N, L]``. Algorithms read
+with a token dimension: ``logprobs`` and ``token_mask`` are then ``[T, N, L]``, and ``values`` too
+where the algorithm uses a critic (the value before each token; each step's ``rewards``, ``dones``
+and ``trunc_values`` then belong to its last policy token: rlinf_algos/ppo.py's GAE). Algorithms read
 the documented tensors; ``obs`` and ``actions`` belong to the rollout and the policy
 (``policy.evaluate(mb.obs, mb.actions)``), so an algorithm never depends on the modality.
 """
@@ -21,7 +23,7 @@ class Experience:
     obs: Any  # rollout-defined: dict of [T, N, ...] tensors (embodied), prompts (text)
     actions: Any  # [T, N, *action_shape] (embodied), completion tokens (text)
     logprobs: torch.Tensor  # [T, N] (or [T, N, L] per token) at collection time
-    values: torch.Tensor  # [T, N] critic values at collection time (zeros without a critic)
+    values: torch.Tensor  # [T, N] critic values at collection time (zeros without a critic); text: [T, N, L]
     rewards: torch.Tensor  # [T, N]
     dones: torch.Tensor  # [T, N] 1.0 where an episode ended at this step
     trunc_values: torch.Tensor  # [T, N] V(final obs) where an episode was truncated (bootstrap), else 0

@@ -101,6 +101,19 @@ class Policy(nn.Module):
         """
         return []
 
+    def add_critic(self) -> bool:
+        """Give the policy a fresh critic (a value head) where it has none; True if it now has one.
+
+        ``rlinf rl`` calls it, before the optimizer is made, for an algorithm that uses a critic
+        (PPO) when the model has none, so that a model whose critic is optional gets one without a
+        setting: a fresh model, and a checkpoint trained without one (``init=`` an SFT or GRPO
+        checkpoint; PPO's critic warm-up then trains the new head first). The new head must be in
+        :meth:`critic_parameters`, set ``has_critic`` and be saved and loaded with the policy. The
+        default cannot add one (the run is refused: a model whose critic is a config option, such
+        as ``model.critic`` of ``model=mlp``, builds it from the config instead).
+        """
+        return False
+
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
         """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
         trainable or fixed; False if the policy has no such noise.

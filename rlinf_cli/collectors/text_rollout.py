@@ -51,7 +51,7 @@ class TextRollout:
             self.sampler.set_state(torch.from_numpy(np.ascontiguousarray(saved["sampler"])))
         if self._spec.kind not in ("steps", "episodes"):
             raise UserError(f"algorithm '{algo.name}' learns from rollout='{self._spec.kind}', which text tasks "
-                            f"cannot provide; use a steps or episodes algorithm (--algo grpo, rloo, reinforce++)")
+                            f"cannot provide; use a steps or episodes algorithm (--algo grpo, rloo, reinforce++, ppo)")
         return []
 
     def _seeds(self, iteration: int, round_: int, n: int) -> list[int]:
@@ -64,7 +64,8 @@ class TextRollout:
         if spec.kind == "steps":  # T x N one-step episodes of fresh prompts
             T, N = spec.steps, int(self.settings.num_envs)
             kept = sample_completions(policy, self.task, self.task.prompts(self._seeds(iteration, 0, T * N)), 1,
-                                      self.new_tokens, generator=self.sampler, tools=self.tools)
+                                      self.new_tokens, generator=self.sampler, tools=self.tools,
+                                      values=algo.uses_critic)
             stats.seen, stats.prompts_drawn, G, shape = kept, T * N, 1, (T, N)
         else:
             kept, G = self._groups(policy, algo, iteration, spec.groups, spec.group_size, stats), spec.group_size
@@ -89,7 +90,7 @@ class TextRollout:
         rounds = algo.refill_rounds()
         for r in range(rounds + 1):
             comps = sample_completions(policy, self.task, self.task.prompts(draw), G, self.new_tokens,
-                                       generator=self.sampler, tools=self.tools)
+                                       generator=self.sampler, tools=self.tools, values=algo.uses_critic)
             stats.seen += comps
             stats.prompts_drawn += len(draw)
             keep = algo.filter_groups(torch.tensor([x.score.reward for x in comps], dtype=torch.float32))

@@ -5,10 +5,12 @@ A text policy (``rlinf-model-hf``'s ``HFCausalLM`` or any model with the same me
 ``encode_prompts``, ``encode_text``, ``decode``, ``generate(prompt_ids, samples=G, ...)`` (tokens,
 per-token log-probs, lengths, finish reasons) and ``evaluate(obs, actions)`` on the minibatches
 built here (``obs = {prompt_ids, prompt_mask}`` one row per group, ``actions = {ids, attn}`` one
-row per completion). An episode is a prompt and its completion, tool turns included (tool output
-is context: its tokens get loss mask 0). Experience is laid out ``[T, N]`` like any other:
-"episodes" rollouts are one step of ``groups x group_size`` completions (groups side by side),
-"steps" rollouts ``rollout_steps x num_envs`` one-step episodes of fresh prompts.
+row per completion); for algorithms with a critic also ``generate(..., values=True)`` (the value
+before each token) and per-token values from ``evaluate``. An episode is a prompt and its
+completion, tool turns included (tool output is context: its tokens get loss mask 0). Experience
+is laid out ``[T, N]`` like any other: "episodes" rollouts are one step of ``groups x group_size``
+completions (groups side by side), "steps" rollouts ``rollout_steps x num_envs`` one-step episodes
+of fresh prompts.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Completion:
     tokens: list[int]  # completion tokens: model turns and tool output, in order
     loss_mask: list[int]  # 1 where the policy wrote the token
     logprobs: list[float]  # log pi at sampling time (0 for tool tokens)
+    values: list[float] | None = None  # the critic's value before each token at sampling time (0 for tool tokens)
     text: str = ""  # decoded completion (special tokens removed)
     score: Score | None = None
     turns: int = 1
@@ -66,20 +69,22 @@ def prompt_ids(policy: Any, texts: Sequence[str], schemas: Sequence[Any] = ()) -
 
 def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample], group_size: int,
                        max_new_tokens: int, greedy: bool = False, generator: torch.Generator | None = None,
-                       tools: Toolbox = NO_TOOLS) -> list[Completion]:
+                       tools: Toolbox = NO_TOOLS, values: bool = False) -> list[Completion]:
     """``group_size`` completions per sample (rows grouped by sample), tool turns included, scored.
 
     A turn ends at eos, a stop string (a tool call's closing tag among them) or ``max_new_tokens``.
     After a turn that calls a tool, the call's result is appended (context: loss mask 0, log-prob 0)
     and the model writes the next turn, up to ``task.max_turns`` turns and ``task.max_episode_tokens``.
+    ``values``: record the critic's value before each token too (``Completion.values``).
     """
     prompts = prompt_ids(policy, [s.prompt for s in samples], tools.schemas)
     stop = tuple(task.stop) + ((toolcalls.CALL_CLOSE,) if tools else ())
     budget = getattr(task, "max_episode_tokens", None)
-    out = [Completion(samples[i // group_size], [], [], [], prompt_ids=list(prompts[i // group_size]))
-           for i in range(len(samples) * group_size)]
+    out = [Completion(samples[i // group_size], [], [], [], [] if values else None,
+                      prompt_ids=list(prompts[i // group_size])) for i in range(len(samples) * group_size)]
+    critic = {"values": True} if values else {}  # only then: text policies without a critic need not know it
     gen = policy.generate(prompts, samples=group_size, max_new_tokens=_cap(max_new_tokens, budget), greedy=greedy,
-                          stop=stop, generator=generator)
+                          stop=stop, generator=generator, **critic)
     _append_turns(out, gen, budget)
     active: Sequence[Completion] = out  # the rows whose last model turn was just written
     for _turn in range(1, int(task.max_turns)):
@@ -88,7 +93,8 @@ def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample
             break
         left = max(int(budget) - len(c.tokens) for c in pending) if budget else max_new_tokens
         more = policy.generate([c.prompt_ids + c.tokens for c in pending], samples=1,
-                               max_new_tokens=min(max_new_tokens, left), greedy=greedy, stop=stop, generator=generator)
+                               max_new_tokens=min(max_new_tokens, left), greedy=greedy, stop=stop, generator=generator,
+                               **critic)
         _append_turns(pending, more, budget)
         active = pending
     for c in out:
@@ -112,6 +118,8 @@ def _append_turns(rows: Sequence[Completion], gen: Any, budget: int | None) -> N
         c.tokens += gen.tokens[j, :n].tolist()
         c.loss_mask += [1] * n
         c.logprobs += gen.logprobs[j, :n].tolist()
+        if c.values is not None:
+            c.values += gen.values[j, :n].tolist()
         c.finish = finish
 
 
@@ -143,6 +151,8 @@ def _tool_turns(policy: Any, task: TextTask, tools: Toolbox, rows: Sequence[Comp
         c.tokens += ids
         c.loss_mask += [0] * len(ids)
         c.logprobs += [0.0] * len(ids)
+        if c.values is not None:
+            c.values += [0.0] * len(ids)
         if budget and len(c.tokens) >= int(budget):
             c.finish = "length"
         else:
@@ -210,8 +220,13 @@ def to_experience(policy: Any, completions: Sequence[Completion], group_size: in
     rewards = torch.tensor([c.score.reward if c.score else 0.0 for c in completions], dtype=torch.float32).to(dev)
     T, N = shape
     ones, zeros = torch.ones(T, N, device=dev), torch.zeros(T, N, device=dev)
+    # with a critic, a value per token (the episode's reward comes at its last policy token: the
+    # algorithm's GAE runs over the policy's tokens); without, one zero per episode
+    per_token = all(c.values is not None for c in completions)
+    values = pad_rows([c.values for c in completions], dtype=torch.float32, width=1).to(dev).reshape(T, N, L) \
+        if per_token else zeros
     return Experience(obs={"prompt_ids": prompt_ids.to(dev), "prompt_mask": prompt_mask.to(dev)},
                       actions={"ids": ids.to(dev), "attn": attn.to(dev)}, logprobs=old.to(dev).reshape(T, N, L),
-                      values=zeros, rewards=rewards.reshape(T, N), dones=ones, trunc_values=zeros, mask=ones,
+                      values=values, rewards=rewards.reshape(T, N), dones=ones, trunc_values=zeros, mask=ones,
                       last_value=torch.zeros(N, device=dev), episode_returns=rewards, group_size=group_size,
                       token_mask=loss_mask.to(dev).reshape(T, N, L), env_steps=B)

@@ -145,8 +145,12 @@ class GroupBatches:
         per_mb = max(1, min(n_groups, algo.minibatch_size // G))
         loss_mask = exp.token_mask.reshape(B, -1)
         old = exp.logprobs.reshape(B, -1)
-        adv_tok = adv.reshape(B).unsqueeze(1) * loss_mask
-        ret, values = ret.reshape(B), exp.values.reshape(B)
+        # outcome advantages are per episode ([T, N]: every token of it shares one); a critic's GAE
+        # gives advantages, returns and values per token ([T, N, L]: [B, L] minibatches, zero off the
+        # policy's tokens); episode-level returns and values stay [B] as the loss reads them
+        adv_tok = (adv.reshape(B, -1) if adv.dim() == 3 else adv.reshape(B, 1)) * loss_mask
+        ret = ret.reshape(B, -1) * loss_mask if ret.dim() == 3 else ret.reshape(B)
+        values = exp.values.reshape(B, -1) * loss_mask if exp.values.dim() == 3 else exp.values.reshape(B)
         ref = None if exp.ref_logprobs is None else exp.ref_logprobs.reshape(B, -1)
         obs, act = exp.obs, exp.actions
 

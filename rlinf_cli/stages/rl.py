@@ -99,7 +99,9 @@ def setup(cfg: Any) -> Run:
     policy = world.policies.policy(cfg.resume or cfg.init, model_config(cfg, algo))
     world.policies.prepare_rl(policy)
     if algo.uses_critic and not policy.has_critic:
-        raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
+        if not policy.add_critic():
+            raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
+        ctx.note(f"the model had no critic: {cfg.algo.name} trains a fresh value head with it")
     if algo.uses_q and not getattr(policy, "has_q", False):
         raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
                         f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none")

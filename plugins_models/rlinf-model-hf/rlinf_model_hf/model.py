@@ -20,6 +20,9 @@ so ``AutoModelForCausalLM.from_pretrained("<ckpt>/hf")`` works without rlinf. Wi
     model.safetensors -> adapter/adapter_model.safetensors   (the weights that train)
     hf/                  the base model, only where it is stored (model.lora.save_base)
 
+With a critic (``model.critic``, or added by ``rlinf rl`` for an algorithm that uses one:
+:meth:`HFCausalLM.add_critic`), ``value_head.safetensors`` beside them holds the value head (critic.py).
+
 ``rlinf export`` (:meth:`HFCausalLM.export`) writes a plain transformers directory, LoRA merged.
 """
 
@@ -38,7 +41,7 @@ import torch
 
 from rlinf_cli.api import (settings, TEXT_SPEC, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, EvalOutput, Policy,
                            read_model_config)
-from rlinf_model_hf import chat, lora, presets, sampling
+from rlinf_model_hf import chat, critic, lora, presets, sampling
 
 HF_DIR = "hf"
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -56,6 +59,7 @@ class HFConfig:
     top_p: float | None = None  # nucleus sampling of rollouts; 1 = off; null = the model's generation_config
     cache_dir: str | None = None  # GGUF conversions; null = ~/.cache/rlinf/gguf
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, slower)
+    critic: bool = False  # value head on the last hidden state (PPO); rl adds one when the algorithm uses a critic
     hidden_size: int = 256  # tiny preset: model width
     layers: int = 6  # tiny preset: decoder layers
     heads: int = 4  # tiny preset: attention heads
@@ -195,7 +199,7 @@ def load_tokenizer(path: Path) -> Any:
 
 
 class HFCausalLM(Policy):
-    """Token-level policy over a transformers causal LM (no critic: GRPO-family algorithms)."""
+    """Token-level policy over a transformers causal LM; with a value head (``critic``) for PPO."""
 
     has_critic = False
 
@@ -203,6 +207,7 @@ class HFCausalLM(Policy):
                  _lora_ckpt: Path | None = None, _lora_saved: Mapping[str, Any] | None = None):
         super().__init__(config, env_spec or TEXT_SPEC)
         _quiet_transformers()
+        self.value_head: critic.ValueHead | None = None  # add_critic() puts one here (registered after lm)
         self.cfg = settings.build(HFConfig, self.config, "model")
         try:
             self.lm, self.tokenizer = self._load(_hf_dir)
@@ -230,6 +235,21 @@ class HFCausalLM(Policy):
                 self.lm.enable_input_require_grads()
         self.use_chat = self.cfg.chat_template == "auto" and bool(getattr(self.tokenizer, "chat_template", None))
         self.chat_format = chat.ChatFormat(self.tokenizer, self.use_chat, self.cfg.system_prompt)
+        if self.cfg.critic:  # registered after lm (and outside it: peft leaves it trainable)
+            self.add_critic()
+
+    def add_critic(self) -> bool:
+        """A fresh value head (zero: it estimates 0 until trained), recorded in the config so that
+        checkpoints load it again. ``rlinf rl`` calls this for an algorithm that uses a critic when
+        the model has none (a fresh model, or ``init=`` an SFT or GRPO checkpoint)."""
+        if self.value_head is None:
+            self.value_head = critic.ValueHead(critic.hidden_size(self.lm)).to(self.device)
+            self.has_critic = True
+            self.config["critic"] = True
+        return True
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.value_head.parameters()) if self.value_head is not None else []
 
     # -- loading ---------------------------------------------------------------------------
     def _load(self, hf_dir: Path | None) -> tuple[Any, Any]:
@@ -260,6 +280,8 @@ class HFCausalLM(Policy):
         if link.exists() or link.is_symlink():
             link.unlink()
         os.symlink(weights, link)
+        if self.value_head is not None:
+            critic.save(self.value_head, path)
         meta = {"model": model, "env_spec": self.env_spec.to_dict(), "rlinf_version": __version__, **meta}
         (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
 
@@ -276,11 +298,15 @@ class HFCausalLM(Policy):
         saved = meta.get("lora")
         if saved is not None and lora.is_lora_checkpoint(path):
             base_dir = path / HF_DIR if saved.get("stored") else None
-            return cls(meta["model"], spec, _hf_dir=base_dir, _lora_ckpt=path, _lora_saved=saved).to(map_location)
-        hf_dir = _resolve_hf_dir(path)
-        if hf_dir == path:
-            raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
-        return cls(meta["model"], spec, _hf_dir=hf_dir).to(map_location)
+            policy = cls(meta["model"], spec, _hf_dir=base_dir, _lora_ckpt=path, _lora_saved=saved)
+        else:
+            hf_dir = _resolve_hf_dir(path)
+            if hf_dir == path:
+                raise UserError(f"'{path}' is an rlinf checkpoint of another model (no {HF_DIR}/ directory)")
+            policy = cls(meta["model"], spec, _hf_dir=hf_dir)
+        if policy.value_head is not None:
+            critic.load(policy.value_head, path)
+        return policy.to(map_location)
 
     def reference(self, start: Policy | None) -> Any:
         """With LoRA: this model with the adapter off (or the starting adapter swapped in), no copy."""
@@ -337,7 +363,12 @@ class HFCausalLM(Policy):
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, samples: int, max_new_tokens: int, greedy: bool = False,
-                 stop: Sequence[str] = (), generator: torch.Generator | None = None) -> sampling.Generation:
+                 stop: Sequence[str] = (), generator: torch.Generator | None = None,
+                 values: bool = False) -> sampling.Generation:
+        """``samples`` completions per prompt; ``values``: with the value before each token (the
+        critic's, recorded while sampling: the old values of PPO's clipped value loss)."""
+        if values and self.value_head is None:
+            raise ValueError("values=True needs a value head (model.critic)")
         stop_check: Callable[[list[int]], bool] | None = None
         if stop:
             def _stops(row: list[int]) -> bool:
@@ -352,7 +383,8 @@ class HFCausalLM(Policy):
                 return sampling.generate(self.lm, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                          eos_id=self.eos_token_id, pad_id=self.pad_token_id,
                                          temperature=self.sampling.temperature, top_p=self.sampling.top_p, greedy=greedy,
-                                         stop_check=stop_check, generator=generator)
+                                         stop_check=stop_check, generator=generator,
+                                         value_head=self.value_head if values else None)
         finally:
             self.lm.train(was_training)
 
@@ -360,8 +392,10 @@ class HFCausalLM(Policy):
                        completion_mask: torch.Tensor, group_size: int, with_entropy: bool = True
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with self.autocast():
-            return sampling.token_logprobs(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                           group_size, self.sampling.temperature, with_entropy)
+            logp, entropy, _ = sampling.token_logprobs(self.lm, prompt_ids, prompt_mask, completion_ids,
+                                                       completion_mask, group_size, self.sampling.temperature,
+                                                       with_entropy)
+        return logp, entropy
 
     def evaluate(self, obs: Mapping[str, torch.Tensor], action: Mapping[str, torch.Tensor] | None,
                  with_entropy: bool = True) -> EvalOutput:
@@ -369,7 +403,8 @@ class HFCausalLM(Policy):
 
         - RL minibatches (``rlinf_cli.runtime.batches``): ``obs = {prompt_ids, prompt_mask}``, one
           left-padded row per group; ``action = {ids, attn}``, the group's completions (group after
-          group). Returns per-token log-probs and entropy [B, T] at the sampling temperature.
+          group). Returns per-token log-probs and entropy [B, T] at the sampling temperature and,
+          with a value head, the value before each token [B, T] (else zeros [B]).
         - Demonstrations (SFT): ``obs = {input_ids, attention_mask}`` whole sequences and ``action``
           None: the log-likelihood of every next token [B, L - 1] (temperature 1).
         """
@@ -383,10 +418,13 @@ class HFCausalLM(Policy):
                                                     reduction="none").view_as(target)
             return EvalOutput(-nll, torch.zeros_like(nll), torch.zeros(ids.shape[0], device=ids.device))
         prompts, completions = obs["prompt_ids"], action["ids"]
-        logp, entropy = self.token_logprobs(prompts, obs["prompt_mask"], completions, action["attn"],
-                                            completions.shape[0] // prompts.shape[0], with_entropy)
-        zeros = torch.zeros(completions.shape[0], device=completions.device)
-        return EvalOutput(logp, entropy if entropy is not None else torch.zeros_like(logp), zeros)
+        with self.autocast():
+            logp, entropy, values = sampling.token_logprobs(
+                self.lm, prompts, obs["prompt_mask"], completions, action["attn"],
+                completions.shape[0] // prompts.shape[0], self.sampling.temperature, with_entropy, self.value_head)
+        if values is None:
+            values = torch.zeros(completions.shape[0], device=completions.device)
+        return EvalOutput(logp, entropy if entropy is not None else torch.zeros_like(logp), values)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # lets engines (DeepSpeed) wrap the policy
         return self.lm(*args, **kwargs)
