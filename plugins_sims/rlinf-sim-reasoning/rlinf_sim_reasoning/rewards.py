@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import ClassVar
 
 from rlinf_cli.api import Score
 
@@ -187,10 +188,11 @@ class RewardConfig:
     extract: str = "auto"  # auto | boxed | tag | hash | last_number | full: where the answer is read
     tolerance: float = 1e-6  # numeric: allowed |pred - ref| / max(1, |ref|)
     format_reward: float = 0.0  # added when the answer is in the task's format (shaping; 0 = off)
+    reward_modes: ClassVar[tuple[str, ...]] = REWARD_MODES  # a task with a scorer of its own adds its mode
 
     def __post_init__(self) -> None:
-        if self.reward not in REWARD_MODES:
-            raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {self.reward!r}")
+        if self.reward not in self.reward_modes:
+            raise ValueError(f"reward must be one of {', '.join(self.reward_modes)}, got {self.reward!r}")
         if self.extract not in EXTRACT_MODES:
             raise ValueError(f"extract must be one of {', '.join(EXTRACT_MODES)}, got {self.extract!r}")
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from rlinf_cli.api import settings, Score, TextSample, UserError
 from rlinf_sim_reasoning import rewards
-from rlinf_sim_reasoning.tasks import ANSWER_FORMATS, EVAL_SEED_BASE, SingleTurnTask, format_answer, held_out
+from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, SingleTurnTask, check_prompt_settings, format_answer, held_out
 
 MAX_WALK = 200_000  # items generated while looking for held-out questions before giving up
 STALE_WALK = 20_000  # ... or this many items in a row without a new one (the space is used up)
@@ -39,17 +39,11 @@ class ReasoningGymConfig(rewards.RewardConfig):
     max_new_tokens: int = 64  # tokens the model may write
     reward: str = "dataset"  # dataset: the dataset's score_answer | exact | numeric | math
 
+    reward_modes = (*rewards.REWARD_MODES, "dataset")
+
     def __post_init__(self) -> None:
-        if self.reward != "dataset":
-            super().__post_init__()
-        elif self.extract not in rewards.EXTRACT_MODES:
-            raise ValueError(f"extract must be one of {', '.join(rewards.EXTRACT_MODES)}, got {self.extract!r}")
-        if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}")
-        if not 0.0 < self.holdout < 1.0:
-            raise ValueError("holdout must be in (0, 1)")
-        if "{question}" not in self.template:
-            raise ValueError("template must contain {question}")
+        super().__post_init__()
+        check_prompt_settings(self.answer_format, self.holdout, self.template)
 
 
 def make_dataset(name: str, params: Mapping[str, Any] | None, seed: int) -> Any:

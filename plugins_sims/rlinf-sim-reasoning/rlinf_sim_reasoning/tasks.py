@@ -28,6 +28,17 @@ def format_answer(answer: str, answer_format: str) -> str:
     return answer
 
 
+def check_prompt_settings(answer_format: str, holdout: float, template: str) -> None:
+    """The settings every generated task shares: the solutions' format, the held-out fraction and
+    the prompt template (raises ValueError, which settings.build turns into one line)."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}")
+    if not 0.0 < holdout < 1.0:
+        raise ValueError("holdout must be in (0, 1)")
+    if "{question}" not in template:
+        raise ValueError("template must contain {question}")
+
+
 def held_out(key: str, fraction: float) -> bool:
     """Deterministic split of a prompt into the held-out set (crc32 of its text)."""
     return zlib.crc32(key.encode()) % 10_000 < fraction * 10_000
@@ -74,12 +85,7 @@ class ArithmeticConfig(rewards.RewardConfig):
             raise ValueError("need 1 <= min_digits <= digits <= 12")
         if self.terms < 2 or not self.ops or set(self.ops) - set("+-*"):
             raise ValueError("terms must be >= 2 and ops a non-empty subset of '+-*'")
-        if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}")
-        if not 0.0 < self.holdout < 1.0:
-            raise ValueError("holdout must be in (0, 1)")
-        if "{question}" not in self.template:
-            raise ValueError("template must contain {question}")
+        check_prompt_settings(self.answer_format, self.holdout, self.template)
 
 
 def evaluate_terms(numbers: list[int], ops: list[str]) -> int:
