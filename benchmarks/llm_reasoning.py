@@ -27,7 +27,8 @@ RLINF = [sys.executable, "-m", "rlinf_cli"]
 # task -> (reasoning-gym params, max new tokens): chosen so SmolLM2-135M-Instruct starts between
 # 5% and 60% greedy on held-out problems (docs/llm.md, "GRPO on SmolLM2")
 TASKS = {
-    "basic_arithmetic": ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}", 32),
+    "basic_arithmetic": ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2, operators: ['+', '-', '*'], "
+                         "allow_parentheses: false, allow_negation: false}", 32),
     "chain_sum": ("{min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1}", 32),
 }
 
@@ -36,10 +37,11 @@ def command(task: str, seed: int, a: argparse.Namespace, run_dir: Path) -> list[
     params, tokens = TASKS[task]
     return [*RLINF, "rl", "--algo", "grpo", "sim=reasoning_gym", f"sim.task={task}", f"sim.params={params}",
             f"sim.max_new_tokens={tokens}", "model=hf", "model.preset=smollm2", f"model.lora.r={a.lora_r}",
+            f"model.temperature={a.temperature}",
             f"text.iterations={a.iterations}", f"algo.groups={a.groups}", f"algo.group_size={a.group_size}",
-            "algo.epochs=1", f"algo.lr={a.lr}", "algo.filter_groups=true", f"algo.refill_rounds={a.refill_rounds}",
+            f"algo.epochs={a.epochs}", f"algo.lr={a.lr}", "algo.filter_groups=true", f"algo.refill_rounds={a.refill_rounds}",
             f"eval.episodes={a.eval_episodes}", f"eval.interval={a.eval_interval}", f"seed={seed}",
-            f"run_dir={run_dir}", "progress=false"]
+            f"train.threads={a.threads}", f"run_dir={run_dir}", "progress=false"]
 
 
 def summarise(run_dir: Path, wall: float) -> dict:
@@ -58,11 +60,14 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=90)
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--epochs", type=int, default=2, help="passes over each iteration's completions")
+    p.add_argument("--temperature", type=float, default=0.7, help="rollout sampling temperature")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--refill-rounds", type=int, default=1)
     p.add_argument("--eval-episodes", type=int, default=200)
-    p.add_argument("--eval-interval", type=int, default=15)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (train.threads)")
+    p.add_argument("--eval-interval", type=int, default=10)
     p.add_argument("--out", type=Path, default=Path("bench_runs/llm_reasoning"))
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     a = p.parse_args()
