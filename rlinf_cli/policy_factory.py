@@ -20,6 +20,7 @@ from rlinf_cli.errors import UserError
 from rlinf_cli.policy import check_compatible, load_policy
 from rlinf_cli.registry import get_registry
 from rlinf_cli.runtime.normalize import Normalizer
+from rlinf_cli.runtime import threads
 from rlinf_cli.runtime.rollout import policy_actor
 
 _TEXT_METHODS = ("encode_prompts", "generate", "evaluate", "decode")
@@ -62,12 +63,15 @@ class EmbodiedPolicies:
                 check_compatible(policy, spec, f"checkpoint '{source}'")
             # a policy trained on normalized observations acts through its statistics, frozen
             self.env.normalizer = Normalizer.load(source, policy.env_spec)
+            threads.fit(policy, self.settings.threads)
             return policy
         model = get_registry().get("model", model_node.name)
         if model.attrs.get("modality") == "text":
             raise UserError(f"model '{model_node.name}' is a language model; simulator '{self.env.label}' needs a "
                             f"policy for its observations (model=mlp)")
-        return model.load()(model_node, spec).to(self.settings.device)
+        policy = model.load()(model_node, spec).to(self.settings.device)
+        threads.fit(policy, self.settings.threads)
+        return policy
 
     def prepare_rl(self, policy: Any, fresh: bool | None = None) -> None:
         """RL from a cloned policy (``init=``): cloning shrank its action std until it barely
@@ -125,6 +129,7 @@ class TextPolicies:
         if missing:
             name = getattr(policy, "config", {}).get("name", type(policy).__name__)
             raise UserError(f"{where}: model '{name}' is not a text model (it lacks {', '.join(missing)}); use model=hf")
+        threads.fit(policy, self.settings.threads)
         return policy
 
     def prepare_rl(self, policy: Any, fresh: bool | None = None) -> None:

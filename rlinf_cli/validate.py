@@ -39,7 +39,7 @@ _POSITIVE = (_at_least(1), "an integer >= 1")
 _NON_NEGATIVE = (_at_least(0), "a number >= 0")
 
 COMMON: list[Rule] = [
-    ("train.threads", *_POSITIVE),
+    ("train.threads", lambda v: str(v).strip().lower() == "auto" or _at_least(1)(v), "auto or an integer >= 1"),
     ("runtime.env_workers", *_NON_NEGATIVE),
     ("runtime.max_restarts", *_NON_NEGATIVE),
     ("runtime.worker_timeout_s", lambda v: isinstance(v, (int, float)) and v > 0, "a number of seconds > 0"),

@@ -48,7 +48,8 @@ def settings(cfg: Any, device: Any) -> RoleSettings:
     seed, num_envs = int(get("seed", 0)), int(get("num_envs", 8))
     return RoleSettings(
         policy=PolicySettings(device=device, init=get("init"), resume=get("resume"),
-                              init_action_std=get("init_action_std"), learn_action_std=get("learn_action_std")),
+                              init_action_std=get("init_action_std"), learn_action_std=get("learn_action_std"),
+                              threads=(get("train") or {}).get("threads", "auto")),
         env=EnvSettings(executor=plain(executor) if executor is not None else None,
                         runtime=transport_options(get("runtime"), env), device=device),
         rollout=RolloutSettings(seed=seed, num_envs=num_envs, total_steps=_int(get("total_steps")),

@@ -38,6 +38,7 @@ class PolicySettings:
     resume: str | None = None
     init_action_std: float | None = None
     learn_action_std: bool | None = None
+    threads: Any = "auto"  # train.threads: fitted to the policy once it is built (runtime/threads.py)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 from rlinf_cli.config import to_yaml
 from rlinf_cli.errors import UserError
 from rlinf_cli.locks import FileLock
+from rlinf_cli.runtime import threads
 from rlinf_cli.registry import GROUP_TO_KIND, get_registry
 from rlinf_cli.tracking import Tracker, plot_curve
 
@@ -137,7 +138,7 @@ def start(cfg: Any, stage: str, label: str, run_dir: Path | None = None, accel: 
     from rich.console import Console
 
 
-    torch.set_num_threads(int(cfg.train.threads))
+    torch.set_num_threads(threads.initial(cfg.train.threads))
     seed_everything(int(cfg.seed))
     accel = accel or select_accelerator(cfg.accelerator.name)
     console = Console(quiet=False)

@@ -68,6 +68,8 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["rl", "num_envs=-1"], "'num_envs': -1"),
     (["rl", "total_steps=0"], "'total_steps': 0"),
     (["rl", "total_steps=-5"], "'total_steps': -5"),
+    (["rl", "train.threads=0"], "'train.threads': 0; it must be auto or an integer >= 1"),
+    (["rl", "train.threads=many"], "it must be auto or an integer >= 1"),
     (["collect", "output=d", "epsilon=1.5"], "a probability in [0, 1]"),
     (["sft", "dataset=d", "val_fraction=1"], "a fraction in [0, 1)"),
     (["pipeline", "rl.total_steps=0"], "'total_steps': 0"),
