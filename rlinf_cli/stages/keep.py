@@ -117,25 +117,25 @@ def decline(state: dict[str, Any]) -> str | None:
             f"{start['score']:.3g})")
 
 
-def report(run: Any, evaluate: Callable[..., Any], final: Any, result: dict[str, Any], rows: dict[str, Any]) -> None:
-    """The kept policy in ``result.json`` (``kept``, ``best``) and as a row of the final table:
-    evaluated on the same held-out seeds as the last policy (``final``, reused when the last is the
-    kept one)."""
+def report(run: Any, evaluate: Callable[..., Any], final: Any, result: dict[str, Any],
+           rows: dict[str, Any]) -> dict[str, float]:
+    """The kept policy in ``result.json`` (``kept``, ``below_start``, ``best``) and as a row of the
+    final table: evaluated on the same held-out seeds as the last policy (``final``, reused when the
+    last is the kept one). Returns its metrics for tracking (``eval_best/``)."""
     best, state = run.state.get("best"), run.state
     label = kept_label(best, bool(run.cfg.init))
     result["kept"] = label
     result["below_start"] = decline(state) is not None
     if best is None:
-        return
-    best_dir = run.ctx.run_dir / "checkpoints" / "best"
-    result["best"] = {**best, "checkpoint": str(best_dir)}
+        return {}
+    result["best"] = {**best, "checkpoint": str(run.ctx.run_dir / "checkpoints" / "best")}
     if final is None or not final.summary:  # eval.episodes=0 (or not rank 0): no table to add a row to
-        return
+        return {}
     # the last policy is the kept one: the same weights, the same numbers
     ev = final if best["iteration"] == state["iteration"] else evaluate(run, kind="best")
     result["best"]["eval"] = ev.summary
-    run.tracker.log_metrics({k.replace("eval/", "eval_best/", 1): v for k, v in ev.metrics.items()}, run.step())
     rows[f"{run.cfg.algo.name} kept: {label}"] = ev.summary
+    return {k.replace("eval/", "eval_best/", 1): v for k, v in ev.metrics.items()}
 
 
 def notes(run: Any) -> list[str]:

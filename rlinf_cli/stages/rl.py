@@ -269,14 +269,14 @@ def finish(run: Run) -> dict[str, Any]:
     run.engine.close()
     shutdown()
     summary = ev.summary if ev is not None else {}
-    run.tracker.log_metrics({k: v for k, v in (ev.metrics if ev else {}).items()}, run.step())
     result = {"stage": "rl", "modality": run.world.modality, "run_dir": str(ctx.run_dir),
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
               "backend": run.engine.backend, "world_size": run.world_size, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, "mlflow_run_id": run.tracker.run_id}
     rows = {f"{cfg.algo.name} ({run.step():,} {run.world.unit})": summary}
-    if run.rank == 0:  # the kept policy (eval.best), on the same held-out seeds as the final one
-        keep.report(run, evaluate, ev, result, rows)
+    # the kept policy (eval.best), on the same held-out seeds as the final one: one row of metrics
+    kept = keep.report(run, evaluate, ev, result, rows) if run.rank == 0 else {}
+    run.tracker.log_metrics({**(ev.metrics if ev else {}), **kept}, run.step())
     if (ctx.run_dir / "videos").is_dir():
         result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
     x = "env_steps" if run.world.unit == "steps" else "iteration"
