@@ -199,7 +199,7 @@ def test_three_rl_runs_started_together_in_a_fresh_directory(workdir):
     client = MlflowClient(default_uri(workdir / "rlinf_runs"))  # the store is healthy
     for run in runs:
         rows = (run / "metrics.jsonl").read_text().splitlines()
-        assert len(rows) == 512 // (2 * 64) + 1  # each iteration once, then the final eval
+        assert len(rows) == 1 + 512 // (2 * 64) + 1  # the start's validation, each iteration once, the final eval
         result = json.loads((run / "result.json").read_text())
         _history_equals_metrics(client, result["mlflow_run_id"], run)
     assert len(client.search_runs([client.get_experiment_by_name("rlinf").experiment_id])) == 3
