@@ -146,7 +146,8 @@ def test_sac_killed_and_resumed_equals_the_uninterrupted_run(workdir):
             "env.normalize_obs=true", "env.normalize_reward=true"]
     _run("rl", *args, "checkpoint.interval=1000000", "run_dir=never")
     never = _metrics(workdir / "never")
-    assert len(never) == 100 + 1 and never[-2]["rollout/replay_size"] == 600  # the ring wrapped around
+    # the start's validation (eval.best), the iterations, the final eval; the ring wrapped around
+    assert len(never) == 1 + 100 + 1 and never[-2]["rollout/replay_size"] == 600
     _kill_after([*args, "checkpoint.interval=5", "checkpoint.keep=3", "run_dir=killed"], dict(os.environ),
                 workdir / "killed/checkpoints/iter_000020")
     last = _latest_checkpoint(workdir / "killed")
