@@ -97,7 +97,7 @@ def main() -> None:
     sft_vla = root / "sft_vla" / "checkpoints" / "best"
     envs = min(8, 2 * n)
     select = ["eval.best=true", f"eval.interval={a.select_best}", f"eval.val_episodes={a.val_episodes * n}"] \
-        if a.select_best else []
+        if a.select_best else ["eval.best=false"]  # 0: the final policy, as before eval.best was the default
     rl_ckpt = "best" if a.select_best else "final"
     # the settings docs/vla.md recommends for model=vla (measured on reach-v3, 2026-11-30): a gentle
     # actor (lr 3e-5, 4 epochs) behind a critic warmed up at its own, larger rate; GRPO at 1e-4

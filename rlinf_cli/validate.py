@@ -89,21 +89,38 @@ REQUIRED_HINT = {
 }
 
 
+# Training episodes' seeds stay below this (runtime/vector.py TRAIN_SEED_SPACE, collectors/base.py
+# training_seeds; tests/unit/test_keep_seeds.py holds them equal): validation seeds start above it.
+TRAIN_SEEDS = 1_000_000
+
+
 def validation_episodes(cfg: Any) -> int:
     """Episodes per validation of ``eval.best``: ``eval.val_episodes``, or ``eval.episodes``."""
     n = cfg.eval.get("val_episodes")
     return int(cfg.eval.episodes if n is None else n)
 
 
-def check_best(cfg: Any) -> None:
-    """``eval.best`` needs evaluations during training to choose from; said before anything runs."""
+def seed_range(first: int, n: int) -> str:
+    return f"{first:,}..{first + n - 1:,}"
+
+
+def check_best(cfg: Any, final: tuple[int, int] | None = None) -> None:
+    """``eval.best``: validation episodes to choose with, on seeds apart from the training seeds
+    and from the final evaluation's (``final`` = (seed, episodes) of an evaluation run elsewhere,
+    the pipeline's eval step; else ``eval.seed``, ``eval.episodes``). Said before anything runs."""
     if not cfg.eval.get("best"):
         return
-    if not int(cfg.eval.interval):
-        raise UserError("eval.best=true keeps the best policy of the evaluations during training: set "
-                        "eval.interval=N (iterations between them)")
-    if validation_episodes(cfg) < 1:
+    n, first = validation_episodes(cfg), int(cfg.eval.val_seed)
+    if n < 1:
         raise UserError("eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)")
+    if first < TRAIN_SEEDS:
+        raise UserError(f"eval.val_seed={first}: validation seeds {seed_range(first, n)} would be training seeds "
+                        f"(those are below {TRAIN_SEEDS:,}); set eval.val_seed >= {TRAIN_SEEDS}")
+    seed, episodes = final or (int(cfg.eval.seed), int(cfg.eval.episodes))
+    if episodes and first < seed + episodes and seed < first + n:
+        raise UserError(f"validation seeds {seed_range(first, n)} (eval.val_seed, eval.val_episodes) overlap the final "
+                        f"evaluation's {seed_range(seed, episodes)}: set eval.val_seed={max(seed + episodes, TRAIN_SEEDS)} "
+                        f"or above (or eval.best=false to keep the last policy)")
 
 
 def validate(stage: str, cfg: Any) -> None:

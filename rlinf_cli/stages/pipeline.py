@@ -15,7 +15,7 @@ from rlinf_cli.config import compose, inherited_overrides, stage_groups
 from rlinf_cli.errors import UserError
 from rlinf_cli.registry import GROUP_TO_KIND, make_simulator
 from rlinf_cli.tables import RESULT_HEADERS, RESULT_LEGEND, result_cells, with_notes
-from rlinf_cli.validate import validate
+from rlinf_cli.validate import check_best, validate
 
 STEPS = ("expert", "collect", "sft", "rl", "eval")
 # The default story: a few demonstrations leave the cloned policy room that RL then closes.
@@ -30,8 +30,16 @@ _STAGE_OF = {"expert": "rl", "collect": "collect", "sft": "sft", "rl": "rl", "ev
 
 
 def _kept(rl_result: dict[str, Any]) -> str:
-    """The policy an rl stage hands on: its best with ``eval.best=true``, else its final one."""
+    """The policy an rl stage hands on: its best on validation with ``eval.best`` (the default),
+    else its final one."""
     return (rl_result.get("best") or {}).get("checkpoint") or rl_result["checkpoint"]
+
+
+def kept_label(rl_result: dict[str, Any]) -> str:
+    """What the rl step handed on, for the summary: ``sft`` (RL never beat the clone on
+    validation), ``iteration N`` or ``last`` (rl.eval.best=false)."""
+    kept = str(rl_result.get("kept", "last"))
+    return "sft" if kept == "init" else kept
 
 
 def route(args: list[str]) -> dict[str, list[str]]:
@@ -62,15 +70,20 @@ def _check(routed: dict[str, list[str]]) -> Any:
     probe = compose("collect", routed["collect"] + ["output=unused"])
     check_pipeline(probe.sim)
     placeholders = {"collect": ["output=unused"], "sft": ["dataset=unused"], "eval": ["checkpoint=random"]}
+    cfgs = {}
     for step in STEPS:
         name = _STAGE_OF[step]
-        validate(name, compose(name, routed[step] + placeholders.get(name, [])))
+        cfgs[step] = compose(name, routed[step] + placeholders.get(name, []))
+        validate(name, cfgs[step])
+    # the rl step chooses on validation seeds: apart from those the eval step measures on too
+    check_best(cfgs["rl"], (int(cfgs["eval"].seed), int(cfgs["eval"].episodes)))
     return probe
 
 
-def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[str, float]) -> Any:
+def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[str, float],
+             kept: str = "last", warning: str = "") -> Any:
+    """The pipeline's table; the "sft + rl" row says which policy the rl step kept."""
     from rich.table import Table
-
 
     table = Table(title=title)
     table.add_column("policy")
@@ -80,8 +93,12 @@ def _summary(title: str, summaries: dict[str, dict[str, float]], timings: dict[s
                   "sft + rl": timings["rl"]}
     for label, s in summaries.items():
         t = stage_time[label]
-        table.add_row(label, *result_cells(s), "-" if t is None else f"{t:.0f} s")
-    return with_notes(table, [RESULT_LEGEND + "; time: the stages that made the policy"])
+        shown = f"{label} (kept: {kept})" if label == "sft + rl" and kept != "last" else label
+        table.add_row(shown, *result_cells(s), "-" if t is None else f"{t:.0f} s")
+    notes = [RESULT_LEGEND + "; time: the stages that made the policy"]
+    if kept != "last":
+        notes.append("kept: the policy of the rl step that scored best on validation seeds (rl.eval.best=false: the last)")
+    return with_notes(table, notes + ([warning] if warning else []))
 
 
 def run(args: list[str]) -> dict[str, Any]:
@@ -132,17 +149,21 @@ def _steps(routed: dict[str, list[str]], probe: Any, root: Path, stage: Any, res
     data = root / "data"
     stage("collect", [f"policy={source}", f"output={data}"])
     sft_ckpt = stage("sft", [f"dataset={data}"])["checkpoint"]
-    rl_ckpt = _kept(stage("rl", [f"init={sft_ckpt}"]))
+    rl_result = stage("rl", [f"init={sft_ckpt}"])
+    rl_ckpt, kept = _kept(rl_result), kept_label(rl_result)
+    warning = f"warning: the rl step ended below the clone on validation; kept: {kept}" if rl_result.get("below_start") else ""
     summaries, videos = {}, {}
     for label, ckpt in {"random": "random", "expert": source, "sft": sft_ckpt, "sft + rl": rl_ckpt}.items():
         result = stage("eval", [f"checkpoint={ckpt}", f"run_dir={root / 'eval' / label.replace(' + ', '_')}"])
         summaries[label], videos[label] = result["eval"], result.get("videos", [])
         timings[f"eval:{label}"] = timings.pop("eval")
     console.rule("[bold]summary")
-    console.print(_summary(f"rlinf pipeline: {getattr(sim, 'label', None) or probe.sim.name}", summaries, timings))
+    console.print(_summary(f"rlinf pipeline: {getattr(sim, 'label', None) or probe.sim.name}", summaries, timings,
+                           kept, warning))
     for label, files in videos.items():  # eval.video=N
         for f in files:
             console.print(f"video ({label}): {f}")
     console.print(f"pipeline directory: {root}  (MLflow: rlinf ui)")
-    (root / "summary.json").write_text(json.dumps({"eval": summaries, "seconds": timings, "videos": videos}, indent=2))
-    return {"eval": summaries, "seconds": timings, "dir": str(root), "videos": videos}
+    out = {"eval": summaries, "kept": kept, "below_start": bool(warning), "seconds": timings, "videos": videos}
+    (root / "summary.json").write_text(json.dumps(out, indent=2))
+    return {**out, "dir": str(root)}

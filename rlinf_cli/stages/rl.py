@@ -9,8 +9,6 @@ runs in the engine.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 from rlinf_cli.config import flatten, to_yaml
 from rlinf_cli.errors import UserError
 from rlinf_cli.progress import Progress
-from rlinf_cli.stages import common
+from rlinf_cli.stages import common, keep
 from rlinf_cli.validate import check_best, validation_episodes
 
 
@@ -126,7 +124,7 @@ def setup(cfg: Any) -> Run:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
         ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']}")
         if run.state.get("best") is not None:
-            restore_best(run, resume_dir)
+            keep.restore_best(run, resume_dir)
     if algo.critic_only(int(run.state["iteration"]), bool(cfg.init)):
         declared_critic(policy, algo.name)  # a warm-up with nothing to train: refused before the first rollout
     return run
@@ -203,84 +201,18 @@ def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:
     return ev
 
 
-# What a validation (eval.best) is scored by, the first present: success with every task weighing
-# the same (multi-task simulators), success, accuracy (text tasks), return.
-SCORE_KEYS = ("task_mean/success_once", "success_once", "accuracy", "return_mean")
-
-
-def score(metrics: dict[str, float], prefix: str) -> tuple[str, float] | None:
-    """(metric, value) a validation is ranked by, or None if it measured none of SCORE_KEYS."""
-    for key in SCORE_KEYS:
-        if prefix + key in metrics:
-            return key, float(metrics[prefix + key])
-    return None
-
-
-def keep_best(run: Run) -> dict[str, float]:
-    """eval.best: evaluate on the validation seeds and keep the policy as checkpoints/best when it
-    scores at least as high as every validation before (a tie goes to the more trained policy).
-    RL returns wander, and the last policy is often not the best one; choosing on seeds apart from
-    the final evaluation's keeps that evaluation an unbiased estimate. Every rank calls it (ZeRO-3
-    gathers the weights for rank 0 to evaluate, and every rank follows rank 0's decision)."""
-    from rlinf_cli.runtime.dist import broadcast_from_first
-
-    cfg, state = run.cfg, run.state
-    metrics: dict[str, float] = {}
-    with run.engine.full_parameters():
-        if run.rank == 0:
-            ev = evaluate(run, kind="validation")
-            metrics = {"val/" + k.split("/", 1)[1]: v for k, v in ev.metrics.items()}
-        scored, best, new = score(metrics, "val/"), state.get("best"), None
-        if scored is not None and (best is None or scored[1] >= best["score"]):
-            new = {"metric": scored[0], "score": scored[1], "iteration": state["iteration"], "step": run.step()}
-        new = broadcast_from_first(new)
-        if new is not None:
-            state["best"] = new
-            save_best(run, new)
+def evaluations(run: Run, eval_every: int, best: bool, last: bool = False) -> dict[str, float]:
+    """The evaluations due after this iteration (or before the first): every ``eval.interval``
+    iterations the held-out one (the curve), and with ``eval.best`` a validation, which also runs
+    before the first update and after the ``last`` (both policies are candidates) whatever the
+    interval."""
+    it, metrics = run.state["iteration"], {}
+    due = bool(eval_every) and it % eval_every == 0
+    if due and run.rank == 0:
+        metrics.update(evaluate(run, f"iter_{it:06d}").metrics)
+    if best and (due or last or it == 0) and (run.state.get("val_last") or {}).get("iteration") != it:
+        metrics.update(keep.keep_best(run, evaluate))
     return metrics
-
-
-BEST_FILE = "best.json"  # in checkpoints/best: which validation it won (resume checks it is the run's)
-
-
-def save_best(run: Run, best: dict[str, Any]) -> None:
-    from rlinf_cli import checkpoint as ckpt
-
-    def write(tmp: Path) -> None:
-        run.world.rollout.save_files(tmp)  # normalization statistics: the policy expects them
-        (tmp / BEST_FILE).write_text(json.dumps(best))
-
-    ckpt.save(run.ctx.run_dir / "checkpoints" / "best", run.policy, run.cfg_yaml, rank=run.rank, write_files=write)
-
-
-def restore_best(run: Run, resume_dir: Path) -> None:
-    """A resumed run's best-so-far (in its state) needs its weights in this run's checkpoints/best:
-    the source run's best if it is still that validation's (the source may have gone on to a
-    better one after the checkpoint resumed from), else the periodic checkpoint of that iteration.
-    Neither there: validations start over, said in one line."""
-    from rlinf_cli.runtime.dist import broadcast_from_first
-
-    best, dest = run.state["best"], run.ctx.run_dir / "checkpoints" / "best"
-    found = None
-    if run.rank == 0:
-        kept, periodic = resume_dir.parent / "best", resume_dir.parent / f"iter_{best['iteration']:06d}"
-        won = kept / BEST_FILE
-        if (kept / "config.json").is_file() and won.is_file() and json.loads(won.read_text()) == best:
-            found = kept
-        elif (periodic / "config.json").is_file():
-            found = periodic
-        if found is not None and found.resolve() != dest.resolve():
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(found, tmp)
-            (tmp / BEST_FILE).write_text(json.dumps(best))
-            from rlinf_cli.checkpoint import commit_dir
-
-            commit_dir(tmp, dest)
-    if not broadcast_from_first(found is not None):
-        run.ctx.note(f"the best policy so far (iteration {best['iteration']}) is in neither {resume_dir.parent / 'best'} "
-                     f"nor a checkpoint of that iteration; eval.best starts choosing again")
-        del run.state["best"]
 
 
 def train(run: Run, progress: Any) -> None:
@@ -295,19 +227,12 @@ def train(run: Run, progress: Any) -> None:
     try:
         for line in run.world.rollout.start(run.policy, run.algo, run.rank, run.world_size, state, run.saved):
             run.ctx.note(line)
-        if eval_every and state["iteration"] == 0:  # where the curve starts (with eval.best: the start is a candidate)
-            if best:
-                run.tracker.log_metrics(keep_best(run) | {"iteration": 0.0}, 0)
-            elif run.rank == 0:
-                run.tracker.log_metrics(evaluate(run, "iter_000000").metrics | {"iteration": 0.0}, 0)
+        if state["iteration"] == 0 and (eval_every or best):  # where the curve starts; the start is a candidate
+            run.tracker.log_metrics(evaluations(run, eval_every, best) | {"iteration": 0.0}, 0)
         while run.world.rollout.units(state) < total:
             before = run.step()
             metrics = iterate(run)
-            if eval_every and state["iteration"] % eval_every == 0:
-                if best:
-                    metrics.update(keep_best(run))
-                elif run.rank == 0:
-                    metrics.update(evaluate(run, f"iter_{state['iteration']:06d}").metrics)
+            metrics.update(evaluations(run, eval_every, best, last=run.world.rollout.units(state) >= total))
             run.tracker.log_metrics(metrics, run.step())
             info = run.world.rollout.info(metrics)
             progress.update(run.step() - before, f"iter {state['iteration']}" + (f"  {info}" if info else ""))
@@ -315,6 +240,8 @@ def train(run: Run, progress: Any) -> None:
                 checkpoint(run, f"iter_{state['iteration']:06d}")
                 if run.rank == 0:
                     ckpt.prune(run.ctx.run_dir / "checkpoints", int(cfg.checkpoint.keep))
+        if best and (state.get("val_last") or {}).get("iteration") != state["iteration"]:  # resumed at the end
+            run.tracker.log_metrics(evaluations(run, 0, best, last=True), run.step())
     except KeyboardInterrupt:
         progress.close()  # what was saved is said by run(), in the CLI's one line
         raise
@@ -342,22 +269,14 @@ def finish(run: Run) -> dict[str, Any]:
     run.engine.close()
     shutdown()
     summary = ev.summary if ev is not None else {}
-    run.tracker.log_metrics({k: v for k, v in (ev.metrics if ev else {}).items()}, run.step())
     result = {"stage": "rl", "modality": run.world.modality, "run_dir": str(ctx.run_dir),
               "checkpoint": str(final_dir), "env_steps": run.state["env_steps"], "iterations": run.state["iteration"],
               "backend": run.engine.backend, "world_size": run.world_size, "seconds": round(time.time() - ctx.started, 2),
               "eval": summary, "mlflow_run_id": run.tracker.run_id}
     rows = {f"{cfg.algo.name} ({run.step():,} {run.world.unit})": summary}
-    best = run.state.get("best")
-    if best is not None and run.rank == 0:  # the kept policy, on the same held-out seeds as the final one
-        best_dir = ctx.run_dir / "checkpoints" / "best"
-        result["best"] = {**best, "checkpoint": str(best_dir)}
-        if summary:
-            best_ev = evaluate(run, kind="best")
-            result["best"]["eval"] = best_ev.summary
-            run.tracker.log_metrics({k.replace("eval/", "eval_best/", 1): v for k, v in best_ev.metrics.items()},
-                                    run.step())
-            rows[f"{cfg.algo.name} best (iteration {best['iteration']})"] = best_ev.summary
+    # the kept policy (eval.best), on the same held-out seeds as the final one: one row of metrics
+    kept = keep.report(run, evaluate, ev, result, rows) if run.rank == 0 else {}
+    run.tracker.log_metrics({**(ev.metrics if ev else {}), **kept}, run.step())
     if (ctx.run_dir / "videos").is_dir():
         result["videos"] = sorted(str(f) for f in (ctx.run_dir / "videos").rglob("*.mp4"))
     x = "env_steps" if run.world.unit == "steps" else "iteration"
@@ -369,9 +288,8 @@ def finish(run: Run) -> dict[str, Any]:
                         ev, show=run.rank == 0)
     if run.rank == 0:
         ctx.note(f"run: {ctx.run_dir}  checkpoint: {final_dir}")
-        if best is not None:
-            ctx.note(f"best: iteration {best['iteration']} (validation {best['metric']} {best['score']:.3g}): "
-                     f"{ctx.run_dir / 'checkpoints' / 'best'}")
+        for line in keep.notes(run):
+            ctx.note(line)
     return result
 
 

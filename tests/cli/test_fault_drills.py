@@ -217,7 +217,8 @@ def test_a_checkpoint_the_disk_cannot_hold_is_removed_and_the_run_says_how_to_re
     _ends_with_one_error(res, "cannot write checkpoint run/checkpoints/iter_000002")
     assert "disk is full" in res.err and "the checkpoints written before are intact" in res.err
     assert "resume with: rlinf rl resume=run/checkpoints/iter_000001" in res.err
-    assert sorted(p.name for p in (workdir / "run/checkpoints").iterdir()) == ["iter_000001"]  # no .tmp left
+    # no .tmp left (best: the starting policy, kept by eval.best before the first update)
+    assert sorted(p.name for p in (workdir / "run/checkpoints").iterdir()) == ["best", "iter_000001"]
     if failure == "oserror":  # and the advice works once there is space again
         res = subprocess.run([RLINF, "rl", "resume=run/checkpoints/iter_000001", "total_steps=64",
                               "tracking.enabled=false"], capture_output=True, text=True, timeout=300)
@@ -239,7 +240,8 @@ def test_mlflow_holds_every_point_up_to_the_last_checkpoint_after_kill_9(workdir
     client = _client(workdir / "rlinf_runs")
     run_id = state["mlflow_run_id"]
     rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
-    want = sorted((r["step"], r["train/policy_loss"]) for r in rows if r["step"] <= state["env_steps"])
+    want = sorted((r["step"], r["train/policy_loss"]) for r in rows
+                  if r["step"] <= state["env_steps"] and "train/policy_loss" in r)  # not the start's validation
     have = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/policy_loss"))
     assert len(want) == 4 and have[:4] == want  # (the flush at iter_000004 may be followed by none or more)
     assert client.get_run(run_id).info.status == "RUNNING"  # nothing could end it

@@ -73,8 +73,8 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["collect", "output=d", "epsilon=1.5"], "a probability in [0, 1]"),
     (["sft", "dataset=d", "val_fraction=1"], "a fraction in [0, 1)"),
     (["pipeline", "rl.total_steps=0"], "'total_steps': 0"),
-    (["pipeline", "rl.eval.best=true"], "eval.best=true keeps the best policy of the evaluations during training"),
-    (["rl", "eval.best=true", "eval.interval=5", "eval.episodes=0"], "eval.best=true needs validation episodes"),
+    (["pipeline", "eval.seed=2000001"], "validation seeds 2,000,000..2,000,004 (eval.val_seed, eval.val_episodes) overlap"),
+    (["rl", "eval.val_episodes=null", "eval.episodes=0"], "eval.best=true needs validation episodes"),
     (["pipeline", "sim=arithmetic"], "`rlinf pipeline` runs embodied simulators; for the text task 'arithmetic'"),
     # issue 31: values that passed the checks and then crashed, or ran
     (["rl", "algo.lr=nan"], "'algo.lr': nan; settings take finite numbers"),
@@ -201,7 +201,7 @@ def test_three_rl_runs_started_together_in_a_fresh_directory(workdir):
     client = MlflowClient(default_uri(workdir / "rlinf_runs"))  # the store is healthy
     for run in runs:
         rows = (run / "metrics.jsonl").read_text().splitlines()
-        assert len(rows) == 512 // (2 * 64) + 1  # each iteration once, then the final eval
+        assert len(rows) == 1 + 512 // (2 * 64) + 1  # the start's validation, each iteration once, the final eval
         result = json.loads((run / "result.json").read_text())
         _history_equals_metrics(client, result["mlflow_run_id"], run)
     assert len(client.search_runs([client.get_experiment_by_name("rlinf").experiment_id])) == 3

@@ -70,7 +70,8 @@ def test_checkpoint_interval_changes_nothing_and_a_killed_run_resumes_exactly(wo
     _run([*common, "checkpoint.interval=1", "checkpoint.keep=200", "run_dir=every"], env)
     _run([*common, "checkpoint.interval=1000000", "run_dir=never"], env)
     every, never = _metrics(workdir / "every"), _metrics(workdir / "never")
-    assert len(every) == ITERS + 1  # one row per iteration, then the final eval
+    # the starting policy's validation (eval.best), one row per iteration, then the final eval
+    assert len(every) == ITERS + 2 and "val/return_mean" in every[0] and "val/return_mean" in every[-2]
     assert every == never  # returns, losses, lr, episode lengths: iteration by iteration
     # episodes longer than a checkpoint interval (16 steps) exist: checkpoints did not cut them
     assert max(r.get("rollout/length_mean", 0) for r in every) > 16
@@ -97,9 +98,9 @@ def test_a_simulator_that_cannot_replay_resumes_with_fresh_episodes(workdir):
     assert res.returncode == 0, res.stderr
     assert "cannot be replayed" in res.stderr and "starts fresh episodes" in res.stderr
     resumed, full = _metrics(workdir / "b"), _metrics(workdir / "a")
-    assert len(resumed) == len(full) - 6
+    assert len(resumed) == len(full) - 7  # the start's validation (eval.best) and 6 iterations
     # the counter's episode length shows the fresh start: 30-step episodes end later than in the full run
-    assert [r.get("rollout/episodes") for r in resumed] != [r.get("rollout/episodes") for r in full[6:]]
+    assert [r.get("rollout/episodes") for r in resumed] != [r.get("rollout/episodes") for r in full[7:]]
 
 
 def test_runner_restore_replays_running_episodes_into_the_same_state():
@@ -150,5 +151,5 @@ def test_a_resumed_run_keeps_the_kl_reference_it_started_from(workdir):
     _run([*args, "run_dir=full"], env)
     _run([f"resume={workdir / 'full/checkpoints/iter_000004'}", "run_dir=resumed"], env)
     full, resumed = _metrics(workdir / "full"), _metrics(workdir / "resumed")
-    assert len(full) >= iters and resumed == full[4:]
+    assert len(full) >= iters and resumed == full[5:]  # full[0]: the start's validation (eval.best)
     assert resumed[0]["train/kl_ref"] > 1e-6  # the policy had drifted by then: the reference is the start

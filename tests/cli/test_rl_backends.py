@@ -34,7 +34,7 @@ def test_lean_update_matches_the_engine_update_in_one_process(cli_proc) -> None:
         r = cli_proc("rl", *ARGS, "total_steps=1024", f"train.backend={backend}", "train.zero_stage=0", f"run_dir={backend}")
         assert r.code == 0, r.err
     a, b = _metrics("torch"), _metrics("deepspeed")
-    for x, y in zip(a[:2], b[:2]):
+    for x, y in zip(a[1:3], b[1:3]):  # a[0]: the start's validation (eval.best)
         assert x["rollout/return_mean"] == pytest.approx(y["rollout/return_mean"])
         assert x["train/policy_loss"] == pytest.approx(y["train/policy_loss"], abs=1e-4)
         assert x["train/value_loss"] == pytest.approx(y["train/value_loss"], rel=1e-3)
@@ -47,7 +47,7 @@ def test_deepspeed_zero_trains_and_saves_a_loadable_checkpoint(cli_proc, stage: 
     r = cli_proc("rl", *ARGS, "total_steps=2048", "train.backend=deepspeed", f"train.zero_stage={stage}", "run_dir=ds")
     assert r.code == 0, r.err
     m = _metrics("ds")
-    assert m[0]["train/grad_norm"] > 0 and len([x for x in m if "train/policy_loss" in x]) == 4
+    assert m[1]["train/grad_norm"] > 0 and len([x for x in m if "train/policy_loss" in x]) == 4  # m[0]: validation
     policy = load_policy("ds/checkpoints/final")
     assert sum(p.numel() for p in policy.parameters()) > 0
 
@@ -99,7 +99,7 @@ def test_deepspeed_runs_resume_exactly(cli_proc, workdir) -> None:
     assert r.code == 0, r.err
     timing = lambda k: k.startswith("time/") or k.endswith("_s")  # noqa: E731
     rows = [[{k: v for k, v in row.items() if not timing(k)} for row in _metrics(d)] for d in ("a", "b")]
-    assert rows[1] == rows[0][2:]  # the resumed run continues exactly
+    assert rows[1] == rows[0][3:]  # the resumed run continues exactly (rows[0][0]: the start's validation)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`rlinf rl eval.best=true`: validations on their own seeds choose checkpoints/best.
+"""`rlinf rl eval.best=true` (the default): validations on their own seeds choose checkpoints/best.
 
 What must hold: the kept policy is the one that scored highest in the validations logged (a tie
 goes to the later one); evaluating that checkpoint on the validation seeds gives the validation's
@@ -45,7 +45,7 @@ def test_the_best_validation_is_kept_and_reproduces_on_its_seeds(cli_proc, workd
     assert (workdir / best["checkpoint"]).resolve() == workdir / "run/checkpoints/best"
     assert len({score for _, score in vals}) > 1, vals  # the choice was a real one
     # validating changes nothing about training: the same run without it, iteration by iteration
-    plain = [a for a in ARGS if not a.startswith(("eval.best", "eval.interval", "eval.val"))]
+    plain = [a for a in ARGS if not a.startswith(("eval.best", "eval.interval", "eval.val"))] + ["eval.best=false"]
     _ok(cli_proc("rl", *plain, "run_dir=plain"), workdir / "plain")
     assert _training(workdir / "plain") == _training(workdir / "run")
 
@@ -69,10 +69,9 @@ def test_the_best_validation_is_kept_and_reproduces_on_its_seeds(cli_proc, workd
         assert json.loads((workdir / f"resumed{it}/checkpoints/best/best.json").read_text())["iteration"] == expected
 
 
-def test_best_without_validations_is_refused_before_anything_runs(cli_proc, workdir):
-    res = cli_proc("rl", "eval.best=true", "tracking.enabled=false", "run_dir=nothing")
+def test_best_without_validation_episodes_is_refused_before_anything_runs(cli_proc, workdir):
+    res = cli_proc("rl", "eval.val_episodes=null", "eval.episodes=0", "tracking.enabled=false", "run_dir=nothing")
     assert res.code == 2 and "Traceback" not in res.err, res.err
     assert [line for line in res.err.splitlines() if line.strip()] == [
-        "error: eval.best=true keeps the best policy of the evaluations during training: set eval.interval=N "
-        "(iterations between them)"]
+        "error: eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)"]
     assert not (workdir / "nothing").exists()

@@ -152,11 +152,11 @@ def test_checkpoint_holds_the_statistics_resume_is_exact_and_eval_uses_them_froz
 
     _run("rl", *ARGS, "checkpoint.interval=3", "checkpoint.keep=100", "run_dir=a")
     full = _metrics(workdir / "a")
-    assert len(full) == 12 + 1
+    assert len(full) == 1 + 12 + 1  # the start's validation (eval.best), the iterations, the final eval
     # Pendulum's 200-step episodes run through every checkpoint: resume replays them, and the
     # statistics and running discounted returns come back from the checkpoint
     _run("rl", f"resume={workdir / 'a/checkpoints/iter_000006'}", "run_dir=b")
-    assert _metrics(workdir / "b") == full[6:]
+    assert _metrics(workdir / "b") == full[7:]
     final = workdir / "a/checkpoints/final"
     stats = load_file(str(final / FILE))
     assert stats["state.count"][0] > 300  # it learned from the run's observations

@@ -125,11 +125,11 @@ def test_sac_resumes_exactly_with_its_replay_buffer(workdir):
             "checkpoint.interval=10", "checkpoint.keep=100", "seed=5"]
     _run("rl", *args, "run_dir=a")
     full = _metrics(workdir / "a")
-    assert len(full) == 50 + 1
-    assert full[-2]["train/gradient_steps"] == 8.0 and full[0]["train/gradient_steps"] == 0.0  # warm-up, then utd=1
+    assert len(full) == 1 + 50 + 1  # the start's validation (eval.best), the iterations, the final eval
+    assert full[-2]["train/gradient_steps"] == 8.0 and full[1]["train/gradient_steps"] == 0.0  # warm-up, then utd=1
     ckpt = workdir / "a/checkpoints/iter_000020"
     _run("rl", f"resume={ckpt}", "run_dir=b")
-    assert _metrics(workdir / "b") == full[20:]  # buffer, RNGs, targets and temperature all came back
+    assert _metrics(workdir / "b") == full[21:]  # buffer, RNGs, targets and temperature all came back
 
 
 def test_sac_killed_and_resumed_equals_the_uninterrupted_run(workdir):
@@ -146,7 +146,8 @@ def test_sac_killed_and_resumed_equals_the_uninterrupted_run(workdir):
             "env.normalize_obs=true", "env.normalize_reward=true"]
     _run("rl", *args, "checkpoint.interval=1000000", "run_dir=never")
     never = _metrics(workdir / "never")
-    assert len(never) == 100 + 1 and never[-2]["rollout/replay_size"] == 600  # the ring wrapped around
+    # the start's validation (eval.best), the iterations, the final eval; the ring wrapped around
+    assert len(never) == 1 + 100 + 1 and never[-2]["rollout/replay_size"] == 600
     _kill_after([*args, "checkpoint.interval=5", "checkpoint.keep=3", "run_dir=killed"], dict(os.environ),
                 workdir / "killed/checkpoints/iter_000020")
     last = _latest_checkpoint(workdir / "killed")

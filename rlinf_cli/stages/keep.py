@@ -1,0 +1,149 @@
+"""Which policy an `rl` run hands on: the best on validation seeds (``eval.best``, on by default).
+
+RL returns wander, and a run started from a good clone can end below it. With ``eval.best`` the
+run validates its policy on seeds of its own (``eval.val_seed + i``: apart from the training
+seeds, below 1,000,000, and from the final evaluation's, ``eval.seed + i``) before the first
+update, every ``eval.interval`` iterations and after the last one, and keeps the highest-scoring
+policy as ``checkpoints/best``, the starting policy (the clone of ``init=``) included. That is the
+policy ``result.json`` names as ``kept`` and the pipeline's next stage and final evaluation use;
+``eval.best=false`` keeps the last one. Choosing on seeds the final evaluation does not use keeps
+that evaluation an unbiased estimate of the kept policy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+# What a validation is scored by, the first present: success with every task weighing the same
+# (multi-task simulators), success, accuracy (text tasks), return.
+SCORE_KEYS = ("task_mean/success_once", "success_once", "accuracy", "return_mean")
+BEST_FILE = "best.json"  # in checkpoints/best: which validation it won (resume checks it is the run's)
+
+
+def score(metrics: dict[str, float], prefix: str) -> tuple[str, float] | None:
+    """(metric, value) a validation is ranked by, or None if it measured none of SCORE_KEYS."""
+    for key in SCORE_KEYS:
+        if prefix + key in metrics:
+            return key, float(metrics[prefix + key])
+    return None
+
+
+def keep_best(run: Any, evaluate: Callable[..., Any]) -> dict[str, float]:
+    """Validate the current policy and keep it as checkpoints/best when it scores at least as high
+    as every validation before (a tie goes to the more trained policy). Records the first
+    validation (``val_start``, the starting policy) and the latest (``val_last``) in the run's
+    state, which checkpoints keep. Every rank calls it (ZeRO-3 gathers the weights for rank 0 to
+    evaluate, and every rank follows rank 0's decision)."""
+    from rlinf_cli.runtime.dist import broadcast_from_first
+
+    state = run.state
+    metrics: dict[str, float] = {}
+    with run.engine.full_parameters():
+        if run.rank == 0:
+            ev = evaluate(run, kind="validation")
+            metrics = {"val/" + k.split("/", 1)[1]: v for k, v in ev.metrics.items()}
+        scored, best, new, seen = score(metrics, "val/"), state.get("best"), None, None
+        if scored is not None:
+            seen = {"metric": scored[0], "score": scored[1], "iteration": state["iteration"], "step": run.step()}
+            if best is None or scored[1] >= best["score"]:
+                new = seen
+        new, seen = broadcast_from_first((new, seen))
+        if seen is not None:
+            state["val_last"] = seen
+            if state["iteration"] == 0:
+                state["val_start"] = seen
+        if new is not None:
+            state["best"] = new
+            save_best(run, new)
+    return metrics
+
+
+def save_best(run: Any, best: dict[str, Any]) -> None:
+    from rlinf_cli import checkpoint as ckpt
+
+    def write(tmp: Path) -> None:
+        run.world.rollout.save_files(tmp)  # normalization statistics: the policy expects them
+        (tmp / BEST_FILE).write_text(json.dumps(best))
+
+    ckpt.save(run.ctx.run_dir / "checkpoints" / "best", run.policy, run.cfg_yaml, rank=run.rank, write_files=write)
+
+
+def restore_best(run: Any, resume_dir: Path) -> None:
+    """A resumed run's best-so-far (in its state) needs its weights in this run's checkpoints/best:
+    the source run's best if it is still that validation's (the source may have gone on to a
+    better one after the checkpoint resumed from), else the periodic checkpoint of that iteration.
+    Neither there: validations start over, said in one line."""
+    from rlinf_cli.checkpoint import commit_dir
+    from rlinf_cli.runtime.dist import broadcast_from_first
+
+    best, dest = run.state["best"], run.ctx.run_dir / "checkpoints" / "best"
+    found = None
+    if run.rank == 0:
+        kept, periodic = resume_dir.parent / "best", resume_dir.parent / f"iter_{best['iteration']:06d}"
+        won = kept / BEST_FILE
+        if (kept / "config.json").is_file() and won.is_file() and json.loads(won.read_text()) == best:
+            found = kept
+        elif (periodic / "config.json").is_file():
+            found = periodic
+        if found is not None and found.resolve() != dest.resolve():
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(found, tmp)
+            (tmp / BEST_FILE).write_text(json.dumps(best))
+            commit_dir(tmp, dest)
+    if not broadcast_from_first(found is not None):
+        run.ctx.note(f"the best policy so far (iteration {best['iteration']}) is in neither {resume_dir.parent / 'best'} "
+                     f"nor a checkpoint of that iteration; eval.best starts choosing again")
+        del run.state["best"]
+
+
+def kept_label(best: dict[str, Any] | None, from_init: bool) -> str:
+    """What the run hands on, in the words of the tables: ``init`` (the starting checkpoint won),
+    ``iteration N``, or ``last`` (eval.best=false)."""
+    if best is None:
+        return "last"
+    return "init" if best["iteration"] == 0 and from_init else f"iteration {best['iteration']}"
+
+
+def decline(state: dict[str, Any]) -> str | None:
+    """The one line saying that the last policy scored below the starting one on validation, or None."""
+    start, last = state.get("val_start"), state.get("val_last")
+    if start is None or last is None or last["iteration"] == start["iteration"] or last["score"] >= start["score"]:
+        return None
+    return (f"warning: RL ended below its start on validation ({last['metric']} {last['score']:.3g} < "
+            f"{start['score']:.3g})")
+
+
+def report(run: Any, evaluate: Callable[..., Any], final: Any, result: dict[str, Any],
+           rows: dict[str, Any]) -> dict[str, float]:
+    """The kept policy in ``result.json`` (``kept``, ``below_start``, ``best``) and as a row of the
+    final table: evaluated on the same held-out seeds as the last policy (``final``, reused when the
+    last is the kept one). Returns its metrics for tracking (``eval_best/``)."""
+    best, state = run.state.get("best"), run.state
+    label = kept_label(best, bool(run.cfg.init))
+    result["kept"] = label
+    result["below_start"] = decline(state) is not None
+    if best is None:
+        return {}
+    result["best"] = {**best, "checkpoint": str(run.ctx.run_dir / "checkpoints" / "best")}
+    if final is None or not final.summary:  # eval.episodes=0 (or not rank 0): no table to add a row to
+        return {}
+    # the last policy is the kept one: the same weights, the same numbers
+    ev = final if best["iteration"] == state["iteration"] else evaluate(run, kind="best")
+    result["best"]["eval"] = ev.summary
+    rows[f"{run.cfg.algo.name} kept: {label}"] = ev.summary
+    return {k.replace("eval/", "eval_best/", 1): v for k, v in ev.metrics.items()}
+
+
+def notes(run: Any) -> list[str]:
+    """The lines ``rl`` ends with about the kept policy: which one and where, and a decline."""
+    best = run.state.get("best")
+    if best is None:
+        return []
+    out = [f"kept: {kept_label(best, bool(run.cfg.init))} (validation {best['metric']} {best['score']:.3g}): "
+           f"{run.ctx.run_dir / 'checkpoints' / 'best'}"]
+    line = decline(run.state)
+    return out + ([f"{line}; kept: {kept_label(best, bool(run.cfg.init))}"] if line else [])

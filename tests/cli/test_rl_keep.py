@@ -1,0 +1,158 @@
+"""RL that never loses the clone: `rlinf rl init=<clone>` keeps the policy that is best on validation
+seeds by default, the clone included, and says which (`kept: init`, `kept: iteration N`).
+
+What must hold: a run whose learning rate only wrecks the clone keeps the clone's very weights and
+says in one line that it ended below its start; `eval.best=false` keeps the last policy; the
+validation seeds are apart from the training seeds and the final evaluation's (refused otherwise,
+in `rl` and in `pipeline`); a resumed run keeps the best so far and the start's score.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# CartPole, PPO at a learning rate no policy survives (Adam moves every weight by ~1 per step),
+# actor updates from the first iteration (no critic warm-up): 2 iterations of 4 x 128 steps.
+HARMFUL = ["algo.lr=1.0", "algo.critic_warmup_iters=0", "num_envs=4", "algo.rollout_steps=128",
+           "total_steps=1024", "eval.episodes=5", "progress=false", "tracking.enabled=false"]
+
+
+def _main(*args: str) -> None:
+    from rlinf_cli.cli import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        assert not exc.code, f"rlinf {' '.join(map(str, args))} exited with {exc.code}"
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A CartPole policy cloned from 4 expert episodes: good (hundreds of steps), not perfect."""
+    root = tmp_path_factory.mktemp("clone")
+    quiet = ["progress=false", "tracking.enabled=false", f"runs_dir={root / 'runs'}"]
+    _main("collect", "policy=expert", "episodes=4", "num_envs=2", f"output={root / 'demos'}", *quiet)
+    _main("sft", f"dataset={root / 'demos'}", "algo.epochs=30", "eval.episodes=0", f"run_dir={root / 'sft'}", *quiet)
+    return root / "sft" / "checkpoints" / "best"
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _same_actor(kept: Path, clone: Path) -> bool:
+    """The kept checkpoint holds the clone's weights (it gained a fresh critic for PPO: ignored)."""
+    a, b = _tensors(kept), _tensors(clone)
+    return all(k in a and (a[k] == v).all() for k, v in b.items())
+
+
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning: RL ended below its start")]
+
+
+def test_a_harmful_learning_rate_keeps_the_clone_and_says_so(cli, workdir, clone):
+    res = cli("rl", f"init={clone}", *HARMFUL, "run_dir=run")
+    assert res.code == 0, res.err[-3000:]
+    result = json.loads((workdir / "run/result.json").read_text())
+    assert result["kept"] == "init" and result["below_start"] is True
+    best = result["best"]
+    assert best["iteration"] == 0 and Path(best["checkpoint"]) == Path("run/checkpoints/best")
+    assert _same_actor(workdir / "run/checkpoints/best", clone)
+    # the last policy is the wrecked one; the kept one, on the same held-out seeds, is far better
+    assert result["eval"]["return_mean"] < 0.5 * best["eval"]["return_mean"], result
+    rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
+    vals = [(r["iteration"], r["val/return_mean"]) for r in rows if "val/return_mean" in r]
+    assert [it for it, _ in vals] == [0, 2] and vals[1][1] < vals[0][1]  # the start and the last
+    assert "ppo kept: init" in res.out  # the table's row
+    lines = _warnings(res.err)
+    assert len(lines) == 1 and lines[0].endswith("kept: init"), res.err
+    assert f"{vals[1][1]:.3g} < {vals[0][1]:.3g}" in lines[0]
+
+
+def test_keep_last_overrides(cli, workdir, clone):
+    res = cli("rl", f"init={clone}", *HARMFUL, "eval.best=false", "run_dir=run")
+    assert res.code == 0, res.err[-3000:]
+    result = json.loads((workdir / "run/result.json").read_text())
+    assert result["kept"] == "last" and "best" not in result and not result["below_start"]
+    assert not (workdir / "run/checkpoints/best").exists()
+    rows = [json.loads(line) for line in (workdir / "run/metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("val/") for r in rows for k in r)  # no validation ran: the old cost
+    assert not _warnings(res.err) and "kept:" not in res.out
+    from rlinf_cli.stages.pipeline import _kept
+
+    assert _kept(result) == result["checkpoint"] == "run/checkpoints/final"  # what a pipeline hands on
+
+
+def test_a_resumed_run_keeps_the_best_and_the_start(cli, workdir, clone):
+    """Resumed after the first (harmful) iteration, into another directory: the clone stays the
+    kept policy, its weights come along, and the decline is measured from the original start."""
+    first = cli("rl", f"init={clone}", *HARMFUL, "checkpoint.interval=1", "checkpoint.keep=10", "run_dir=run")
+    assert first.code == 0, first.err[-3000:]
+    res = cli("rl", f"resume={workdir / 'run/checkpoints/iter_000001'}", "run_dir=resumed")
+    assert res.code == 0, res.err[-3000:]
+    result = json.loads((workdir / "resumed/result.json").read_text())
+    assert result["kept"] == "init" and result["below_start"] is True and result["best"]["iteration"] == 0
+    assert _same_actor(workdir / "resumed/checkpoints/best", clone)
+    assert len(_warnings(res.err)) == 1
+
+
+def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
+    from rlinf_cli.collectors.base import training_seeds
+    from rlinf_cli.runtime.vector import TRAIN_SEED_SPACE, episode_seed
+    from rlinf_cli.validate import TRAIN_SEEDS
+
+    assert TRAIN_SEEDS == TRAIN_SEED_SPACE
+    assert max(training_seeds(7, 3, 1000)) < TRAIN_SEEDS and max(episode_seed(5, k) for k in range(1, 500)) < TRAIN_SEEDS
+    cases = [
+        (["rl", "eval.val_seed=999998"], "eval.val_seed=999998: validation seeds 999,998..1,000,002 would be training "
+                                         "seeds (those are below 1,000,000); set eval.val_seed >= 1000000"),
+        (["rl", "eval.val_seed=1000008", "eval.episodes=10"],
+         "validation seeds 1,000,008..1,000,012 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
+         "1,000,000..1,000,009: set eval.val_seed=1000010 or above (or eval.best=false to keep the last policy)"),
+        # the pipeline's eval step measures on its own seeds: the rl step's validation stays apart from them
+        (["pipeline", "eval.seed=2000003", "eval.episodes=5"],
+         "validation seeds 2,000,000..2,000,004 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
+         "2,000,003..2,000,007: set eval.val_seed=2000008 or above (or eval.best=false to keep the last policy)"),
+    ]
+    for args, message in cases:
+        res = cli(*args, "tracking.enabled=false")
+        assert res.code == 2 and "Traceback" not in res.err, res.err
+        assert [line for line in res.err.splitlines() if line.strip()] == [f"error: {message}"], res.err
+    # apart: accepted (eval.best=false: nothing to keep apart)
+    from rlinf_cli.config import compose
+    from rlinf_cli.validate import check_best
+
+    check_best(compose("rl", ["eval.val_seed=1000010", "eval.episodes=10"]))
+    check_best(compose("rl", ["eval.val_seed=999998", "eval.best=false"]))
+
+
+def test_the_pipeline_summary_names_the_kept_policy():
+    from rlinf_cli.stages.common import table_text
+    from rlinf_cli.stages.pipeline import _summary, kept_label
+
+    assert kept_label({"kept": "init"}) == "sft" and kept_label({"kept": "iteration 120"}) == "iteration 120"
+    assert kept_label({"checkpoint": "x"}) == "last"  # an rl result from before eval.best
+    s = {"episodes": 5.0, "return_mean": 9.0, "return_std": 0.0, "length_mean": 9.0}
+    summaries = {"random": s, "expert": s, "sft": s, "sft + rl": s}
+    timings = {"expert": 0.0, "collect": 1.0, "sft": 2.0, "rl": 3.0}
+    text = table_text(_summary("t", summaries, timings, "sft", "warning: the rl step ended below the clone"))
+    assert "sft + rl (kept: sft)" in text and "warning: the rl step ended below the clone" in text
+    text = table_text(_summary("t", summaries, timings, "last"))
+    assert "kept" not in text and "sft + rl " in text
+
+
+@pytest.mark.slow
+def test_the_pipeline_keeps_the_clone_when_rl_only_degrades(cli, workdir):
+    res = cli("pipeline", "collect.episodes=4", "sft.algo.epochs=30", *(f"rl.{a}" for a in HARMFUL[:5]),
+              "eval.episodes=5", "progress=false", "tracking.enabled=false")
+    assert res.code == 0, res.err[-3000:]
+    summary = json.loads(next((workdir / "rlinf_runs/pipeline").glob("*/summary.json")).read_text())
+    assert summary["kept"] == "sft" and summary["below_start"] is True
+    assert summary["eval"]["sft + rl"] == summary["eval"]["sft"]  # the clone's weights, the same seeds
+    assert "sft + rl (kept: sft)" in res.out
+    assert "warning: the rl step ended below the clone on validation; kept: sft" in res.out
