@@ -49,3 +49,20 @@ def test_flow_head_refuses_mse_cloning_in_one_line(cli, workdir):
     assert res.code == 0, res.err
     res = cli("sft", *QUIET, *FLOW, "algo.loss=mse", "dataset=data", "algo.epochs=1", "eval.episodes=0")
     assert res.code == 2 and "algo.loss=nll" in res.err, res.err
+
+
+def test_vla_flow_head_through_sft_ppo_and_grpo(cli, workdir):
+    from tests.cli.test_vla_cli import VLA
+
+    res = cli("collect", *SIM, *QUIET, "policy=expert", "episodes=2", "num_envs=2", "output=data")
+    assert res.code == 0, res.err
+    res = cli("sft", *QUIET, *VLA, "model.head=flow", "model.chunk=4", "model.flow_steps=2", "dataset=data",
+              "algo.epochs=2", "eval.episodes=0", "run_dir=runs/sft")
+    assert res.code == 0, res.err
+    sft = workdir / "runs" / "sft" / "checkpoints" / "best"
+    res = cli("rl", "--algo", "ppo", *QUIET, f"init={sft}", "num_envs=2", "algo.rollout_steps=8", "total_steps=32",
+              "algo.critic_warmup_iters=0", "eval.episodes=2", "run_dir=runs/ppo")
+    assert res.code == 0, res.err
+    res = cli("rl", "--algo", "grpo", *QUIET, f"init={sft}", "algo.groups=1", "algo.group_size=2", "total_steps=20",
+              "eval.episodes=0", "run_dir=runs/grpo")
+    assert res.code == 0, res.err
