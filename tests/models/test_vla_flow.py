@@ -80,3 +80,23 @@ def test_flow_matching_trains_the_vla_and_a_checkpoint_reloads_it(tmp_path):
         b = loaded.act(obs)
     torch.testing.assert_close(a.action, b.action, rtol=0, atol=0)
     torch.testing.assert_close(a.logprob, b.logprob, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("noise", ["noise", "sde"])
+def test_bf16_weights_act_and_evaluate_agree(noise):
+    """DeepSpeed's bf16 casts the whole module: the backbone and the action expert run in bf16,
+    while the chain, its Gaussian steps and the log-probs stay fp32 (the same ops in act and
+    evaluate, so they agree; the tolerance is the chunk head's bf16 one)."""
+    from tests.models.test_vla_model import _obs
+
+    torch.manual_seed(0)
+    policy = VLAPolicy(_node(head="flow", chunk=3, flow_steps=3, flow_noise=noise), _spec()).to(torch.bfloat16)
+    obs = _obs(6)
+    with torch.no_grad():
+        out = policy.act(obs)
+    chain = out.extras[CHAIN_KEY]
+    assert out.action.dtype == out.logprob.dtype == chain.dtype == torch.float32
+    ev = policy.evaluate({**obs, CHAIN_KEY: chain}, out.action)
+    torch.testing.assert_close(ev.logprob.detach(), out.logprob, rtol=0, atol=0.05)
+    ev.logprob.sum().backward()
+    assert policy.flow_tokens.action_in.weight.grad.dtype == torch.bfloat16

@@ -142,10 +142,10 @@ class FlowHead(nn.Module):
     # -- actions <-> the flow's space ------------------------------------------------------
     def to_unit(self, action: torch.Tensor) -> torch.Tensor:
         """[B, ...] env actions of one chunk -> [B, A] in the flow's scaled space."""
-        return (action.reshape(action.shape[0], -1).float() - self.shift) / self.scale
+        return (action.reshape(action.shape[0], -1).float() - self.shift.float()) / self.scale.float()
 
     def from_unit(self, y: torch.Tensor) -> torch.Tensor:
-        return self.shift + self.scale * y
+        return self.shift.float() + self.scale.float() * y  # fp32 whatever the module was cast to
 
     # -- one denoising step -------------------------------------------------------------------
     def transition(self, x: torch.Tensor, k: int, v: torch.Tensor, cond: torch.Tensor
