@@ -66,3 +66,23 @@ def test_vla_flow_head_through_sft_ppo_and_grpo(cli, workdir):
     res = cli("rl", "--algo", "grpo", *QUIET, f"init={sft}", "algo.groups=1", "algo.group_size=2", "total_steps=20",
               "eval.episodes=0", "run_dir=runs/grpo")
     assert res.code == 0, res.err
+
+
+def test_mlp_flow_through_the_env_server_with_overlapped_rollouts(cli, workdir):
+    """The chain travels with the experience wherever the policy acts: in this process next to an
+    env server (`sim=remote`), and in the overlapped rollout process (`runtime.overlap_update`)."""
+    from rlinf_sim_gymnasium.sim import GymnasiumSimulator
+    from tests.cli.test_remote import serving
+
+    common = ["--algo", "ppo", *QUIET, "model=mlp", "model.head=flow", "model.flow_steps=2", "algo.rollout_steps=16",
+              "num_envs=2", "eval.episodes=1", "total_steps=64"]
+    with serving(GymnasiumSimulator({"env_id": "Pendulum-v1"}), max_sessions=2) as address:
+        remote = ["sim=remote", f"sim.address={address}"]
+        res = cli("rl", *remote, *common, "run_dir=remote")
+        assert res.code == 0, res.err
+        res = cli("rl", *remote, *common, "runtime.overlap_update=true", "run_dir=over")
+        assert res.code == 0, res.err
+    for run in ("remote", "over"):
+        rows = [json.loads(line) for line in (workdir / run / "metrics.jsonl").read_text().splitlines()]
+        kl = [r["train/approx_kl"] for r in rows if "train/approx_kl" in r]
+        assert len(kl) == 2 and all(math.isfinite(v) for v in kl), (run, kl)
