@@ -8,6 +8,8 @@ use a categorical head; continuous actions a Gaussian with a state-independent l
 ``squash: true`` (SAC), a tanh-squashed Gaussian with a state-dependent std whose samples are
 scaled into the action bounds. ``q_heads: K`` adds K action-value heads Q(s, a) with Polyak
 target copies and the entropy temperature (the off-policy interface of rlinf_cli/policy.py).
+``head: flow`` replaces the Gaussian with a flow-matching action expert over chunks of ``chunk``
+actions (flow.py: the velocity MLP, the denoising chain and its log-prob, shared with model=vla).
 Distributions are written out by hand: ``torch.distributions`` validation and object creation
 cost more than the maths at these sizes.
 """
