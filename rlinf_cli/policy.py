@@ -28,6 +28,10 @@ class ActOutput(NamedTuple):
     action: torch.Tensor  # [B, *action_shape] (int64 for discrete)
     logprob: torch.Tensor  # [B]
     value: torch.Tensor  # [B]; zeros when the policy has no critic
+    # what the policy needs back to score this action again (API 1.3): float tensors [B, ...] the
+    # rollout stores beside the observations, under these keys, and hands to ``evaluate`` in its
+    # ``obs`` (a flow head's denoising chain: its log-prob is that of the chain, not of the action)
+    extras: dict[str, torch.Tensor] | None = None
 
 
 class EvalOutput(NamedTuple):
@@ -71,6 +75,13 @@ class Policy(nn.Module):
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Differentiable deterministic action (continuous control), for MSE behaviour cloning."""
         raise NotImplementedError(f"{type(self).__name__} has no mean_action")
+
+    def imitation_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor | None:
+        """The model's own behaviour-cloning loss of demonstrated ``actions`` (a scalar), for a
+        model whose log-likelihood of an action is not what it should be trained on, or not
+        computable (a flow head: the flow-matching loss; API 1.3). None (the default): behaviour
+        cloning maximises ``evaluate``'s log-prob (``algo.loss=nll``)."""
+        return None
 
     # -- off-policy interface (models with ``has_q``; what SAC reads) ----------------------------
     # ``sample(obs) -> (action, logprob)``: a reparameterised sample in the env's units (tanh-squashed

@@ -213,6 +213,8 @@ class Runner:
             buf.actions[t, lo:hi] = out.action
             buf.logprobs[t, lo:hi] = out.logprob
             buf.values[t, lo:hi] = out.value
+        for k, v in (getattr(out, "extras", None) or {}).items():  # evaluate reads them back from obs
+            buf.extra(k, v)[t, lo:hi] = v.detach().to(buf.actions.device)
         return env_action(self.spec, out.action)
 
     def _record(self, buf: "_StepBuffers", t: int, sb: StepBatch, lo: int, hi: int) -> None:
@@ -283,6 +285,7 @@ class _StepBuffers:
             torch.zeros((num_steps, n), device=dev) for _ in range(5))
         self.episodes: list[EpisodeStats] = []
         self.stats: dict[str, float] = {}
+        self._extras: set[str] = set()
         # numpy views of the CPU buffers (they share memory with the tensors)
         self.np: dict[str, Any] | None = None
         if dev.type == "cpu":
@@ -290,6 +293,17 @@ class _StepBuffers:
                        "actions": self.actions.numpy(),
                        "logprobs": self.logprobs.numpy(), "values": self.values.numpy(),
                        "rewards": self.rewards.numpy(), "dones": self.dones.numpy()}
+
+    def extra(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        """The [T, N, ...] buffer of a policy's acting extra (``ActOutput.extras``), kept among the
+        observations so that minibatches carry it to ``evaluate``; made on its first write."""
+        if key in self.obs and key not in self._extras:
+            raise ValueError(f"the policy's acting extra '{key}' has the name of an observation entry")
+        if key not in self._extras:
+            self._extras.add(key)
+            self.obs[key] = torch.zeros((*self.actions.shape[:2], *like.shape[1:]), dtype=like.dtype,
+                                        device=self.actions.device)
+        return self.obs[key]
 
 
 class Recorder(Protocol):
@@ -369,6 +383,8 @@ class EpisodeRecorder:
 
     def __call__(self, t: int, obs: Obs, out: Any, action: np.ndarray, sb: StepBatch, alive: np.ndarray) -> None:
         self.obs.append({k: v.copy() if v.dtype == object else torch.from_numpy(v) for k, v in obs.items()})
+        for k, v in (getattr(out, "extras", None) or {}).items():  # evaluate reads them back from obs
+            self.obs[-1][k] = v.detach().cpu()
         self.actions.append(out.action)
         self.logprobs.append(out.logprob)
         self.values.append(out.value)

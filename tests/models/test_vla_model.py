@@ -152,10 +152,13 @@ def test_backbone_and_vision_from_local_directories(tmp_path):
 def test_bad_config_and_input_get_one_line():
     from rlinf_cli.errors import UserError
 
-    with pytest.raises(UserError, match="flow head is not built yet"):
-        VLAPolicy(_node(head="flow"), _spec())
-    with pytest.raises(UserError, match="needs continuous actions"):
-        VLAPolicy(_node(head="chunk"), _spec(discrete=True))
+    with pytest.raises(UserError, match="head must be one of tokens, chunk, flow"):
+        VLAPolicy(_node(head="diffusion"), _spec())
+    for head in ("chunk", "flow"):
+        with pytest.raises(UserError, match="needs continuous actions"):
+            VLAPolicy(_node(head=head), _spec(discrete=True))
+    with pytest.raises(UserError, match="flow_noise must be one of noise, sde"):
+        VLAPolicy(_node(head="flow", flow_noise="ode"), _spec())
     with pytest.raises(UserError, match="simulator has no"):
         VLAPolicy(_node(obs_keys=["depth"]), _spec())
     spec = EnvSpec({"state": ArraySpec((3,), "float32")}, ArraySpec((2,), "float32"))

@@ -12,7 +12,7 @@ from rlinf_cli.api import Algorithm, MiniBatch, TrainConfig, masked_mean, UserEr
 
 @dataclass(frozen=True)
 class BCConfig(TrainConfig):
-    loss: str = "nll"  # nll: -log pi(a_expert | s); mse: squared error of the mean action (continuous)
+    loss: str = "nll"  # nll: -log pi(a_expert | s), or the model's own imitation loss (flow head: flow matching); mse: squared error of the mean action (continuous)
     lr: float = 1e-3
     epochs: int = 50
     minibatch_size: int = 256
@@ -40,4 +40,8 @@ class BC(Algorithm):
         token sequences whose ``mb.mask`` marks the tokens to imitate."""
         if self.config.loss == "mse":
             return ((policy.mean_action(mb.obs) - mb.actions) ** 2).sum(-1).mean()
+        # a model whose likelihood is not the loss (a flow head: flow matching); a pre-1.3 model has no hook
+        own = policy.imitation_loss(mb.obs, mb.actions) if hasattr(policy, "imitation_loss") else None
+        if own is not None:
+            return own
         return -masked_mean(policy.evaluate(mb.obs, mb.actions).logprob, mb.mask)

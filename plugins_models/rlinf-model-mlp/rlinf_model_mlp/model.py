@@ -8,6 +8,8 @@ use a categorical head; continuous actions a Gaussian with a state-independent l
 ``squash: true`` (SAC), a tanh-squashed Gaussian with a state-dependent std whose samples are
 scaled into the action bounds. ``q_heads: K`` adds K action-value heads Q(s, a) with Polyak
 target copies and the entropy temperature (the off-policy interface of rlinf_cli/policy.py).
+``head: flow`` replaces the Gaussian with a flow-matching action expert over chunks of ``chunk``
+actions (flow.py: the velocity MLP, the denoising chain and its log-prob, shared with model=vla).
 Distributions are written out by hand: ``torch.distributions`` validation and object creation
 cost more than the maths at these sizes.
 """
@@ -18,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,6 +30,7 @@ from rlinf_cli.api import (settings, TASK_KEY, EnvSpec, UserError, ActOutput, Ev
 
 from . import fast_grad
 from .fast_act import FastActor
+from .flow import CHAIN_KEY, FlowHead, FlowSettings, VelocityMLP, recorded_chain
 from .fast_act import supported as fast_act_supported
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -58,6 +62,14 @@ class MLPConfig:
     init_temperature: float = 1.0  # q_heads > 0: initial entropy temperature (alpha), learned by SAC
     fast_act: bool = True  # act on small CPU batches in numpy (the same maths, a fraction of torch's dispatch)
     fast_grad: bool = True  # Gaussian evaluate as one autograd node with a hand-written backward (fast_grad.py)
+    head: str = "gaussian"  # continuous actions: gaussian | flow (a flow-matching action expert, flow.py)
+    chunk: int = 1  # head=flow: env actions per policy step (K), denoised together
+    flow_steps: int = 4  # head=flow: denoising steps N per chunk
+    flow_noise: str = "noise"  # head=flow: noise (Flow-Noise: learned std per step) | sde (Flow-SDE)
+    flow_sde_level: float = 0.5  # flow_noise=sde: noise level a
+    flow_std_min: float = 0.02  # flow_noise=noise: bounds of the learned per-step std (scaled units)
+    flow_std_max: float = 0.3
+    flow_time_dim: int = 16  # head=flow: width of the time embedding
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -68,6 +80,12 @@ class MLPConfig:
             raise ValueError("cnn_channels, cnn_kernels and cnn_strides must have the same length")
         if self.q_heads < 0 or self.init_temperature <= 0 or self.log_std_min >= self.log_std_max:
             raise ValueError("q_heads must be >= 0, init_temperature > 0 and log_std_min < log_std_max")
+        if self.head not in ("gaussian", "flow"):
+            raise ValueError(f"head must be gaussian or flow, got {self.head!r}")
+        if self.chunk < 1 or (self.chunk > 1 and self.head != "flow"):
+            raise ValueError("chunk must be >= 1, and > 1 only with head=flow")
+        if self.head == "flow":
+            FlowSettings.from_model(self)  # validates the flow_* keys
 
 
 class CNNEncoder(nn.Module):
@@ -130,11 +148,17 @@ class MLPPolicy(Policy):
             out_dim = int(env_spec.num_actions)
         else:
             out_dim = math.prod(env_spec.action.shape)
-            if not self.squash:
+            if not self.squash and cfg.head != "flow":
                 self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.log_std_init)))
         self._act_dim = out_dim
+        self.flow: FlowHead | None = None
+        if cfg.head == "flow":
+            if env_spec.discrete or cfg.squash or cfg.q_heads:
+                raise UserError("model.head=flow is for continuous actions, without model.squash or model.q_heads (SAC)")
+            self._init_flow(cfg, env_spec, in_dim, out_dim, act)
         # squash: mean and log std per dimension; bounds map tanh's (-1, 1) onto [low, high]
-        self.actor = mlp([in_dim, *hidden, 2 * out_dim if self.squash else out_dim], act, 0.01, cfg.ortho_init)
+        if self.flow is None:
+            self.actor = mlp([in_dim, *hidden, 2 * out_dim if self.squash else out_dim], act, 0.01, cfg.ortho_init)
         if self.squash or cfg.q_heads:
             low = env_spec.action.low if env_spec.action.low is not None else -1.0
             high = env_spec.action.high if env_spec.action.high is not None else 1.0
@@ -160,13 +184,31 @@ class MLPPolicy(Policy):
         # Linear layers in order, for the functional forward below. Module calls cost more than
         # the maths at these sizes (PPO runs thousands of minibatches); the ops are identical.
         self._fn = _IN_PLACE.get(cfg.activation, _FUNCTIONS[cfg.activation])
-        self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
+        self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)] if self.flow is None else []
         self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)] if cfg.critic else []
         if self.has_q:
             self._q_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q]
             self._q_target_layers = [[m for m in q if isinstance(m, nn.Linear)] for q in self.q_target]
-        self._fast_act = FastActor(self) if cfg.fast_act and fast_act_supported(self) else None
-        self._fast_grad = cfg.fast_grad and fast_grad.supported(self)
+        gaussian = self.flow is None
+        self._fast_act = FastActor(self) if gaussian and cfg.fast_act and fast_act_supported(self) else None
+        self._fast_grad = gaussian and cfg.fast_grad and fast_grad.supported(self)
+
+    def _init_flow(self, cfg: MLPConfig, env_spec: EnvSpec, in_dim: int, out_dim: int, act: type[nn.Module]) -> None:
+        """The flow-matching action expert over chunks of ``cfg.chunk`` actions (flow.py)."""
+        flow = FlowSettings.from_model(cfg)
+        self.action_chunk = cfg.chunk  # read by the runtime (rlinf_cli.runtime.chunking) when > 1
+        self._chunk_shape = ((cfg.chunk,) if cfg.chunk > 1 else ()) + tuple(env_spec.action.shape)
+        dim = cfg.chunk * out_dim
+        a = env_spec.action
+        bounds = [None, None]
+        if a.low is not None and a.high is not None:
+            bounds = [torch.tensor(np.broadcast_to(np.asarray(b, np.float32), a.shape)).reshape(-1).repeat(cfg.chunk)
+                      for b in (a.low, a.high)]
+        self.flow = FlowHead(flow, dim, in_dim, *bounds)
+        self.velocity = VelocityMLP(in_dim, dim, tuple(cfg.hidden_sizes), act, flow.time_dim)
+
+    def _field(self, x: torch.Tensor) -> Any:
+        return lambda xt, t: self.velocity(x, xt, t)
 
     @property
     def observation_keys(self) -> tuple[str, ...]:
@@ -252,6 +294,9 @@ class MLPPolicy(Policy):
         return self._value(self.features(obs))
 
     def mean_action(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.flow is not None:
+            raise UserError("model.head=flow has no mean action to regress: clone it with algo.loss=nll "
+                            "(the default; the flow-matching loss for this head)")
         out = self._run(self._actor_layers, self.features(obs))
         if self.squash:
             return self._center + self._half * torch.tanh(out[..., :self._act_dim])
@@ -305,7 +350,7 @@ class MLPPolicy(Policy):
         torch._foreach_lerp_(target, online, tau)
 
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
-        if self.env_spec.discrete or self.squash:
+        if self.env_spec.discrete or self.squash or self.flow is not None:
             return False
         if std is not None:
             with torch.no_grad():
@@ -314,6 +359,10 @@ class MLPPolicy(Policy):
         return True
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
+        if self.flow is not None:
+            x = self.features(obs)
+            action, logp, chain = self.flow.sample(self._field(x), x, deterministic)
+            return ActOutput(action.view(x.shape[0], *self._chunk_shape), logp, self._value(x), {CHAIN_KEY: chain})
         if self._fast_act is not None:
             fast = self._fast_act(obs, deterministic)
             if fast is not None:
@@ -342,6 +391,9 @@ class MLPPolicy(Policy):
 
     def evaluate(self, obs: dict[str, torch.Tensor], action: torch.Tensor) -> EvalOutput:
         x = self.features(obs)
+        if self.flow is not None:  # the recorded chain's log-prob (the action is its last state)
+            logp, entropy = self.flow.score(self._field(x), x, recorded_chain(obs))
+            return EvalOutput(logp, entropy, self._value(x))
         if self._fast_grad and fast_grad.applies(self, x, action):
             logp, value = fast_grad.evaluate(self, x, action)
             return EvalOutput(logp, (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0]), value)
@@ -359,6 +411,12 @@ class MLPPolicy(Policy):
             logp = self._gauss_logp(action, out)
             entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0])
         return EvalOutput(logp, entropy, self._value(x))
+
+    def imitation_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor | None:
+        if self.flow is None:
+            return None
+        x = self.features(obs)
+        return self.flow.loss(self._field(x), actions)
 
     def _gauss_logp(self, action: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         z = (action - mean) * torch.exp(-self.log_std)

@@ -41,10 +41,13 @@ from torch import nn
 
 from rlinf_cli.api import (settings, TASK_KEY, EnvSpec, UserError, CONFIG_FILE, MODEL_FILE, ActOutput, EvalOutput,
                            Policy, read_model_config)
+from rlinf_model_mlp.flow import CHAIN_KEY, FlowHead, FlowSettings, recorded_chain
+
+from .flow_head import FlowTokens, flow_field
 
 BACKBONE_DIR = "backbone"  # the LM's transformers config and tokenizer (weights live in model.safetensors)
 VISION_DIR = "vision"  # vision=hf: the vision model's transformers config
-HEADS = ("tokens", "chunk")
+HEADS = ("tokens", "chunk", "flow")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 SKIP_KEYS = (TASK_KEY, "video")  # the instruction, not a task id, tells the policy the task
 
@@ -52,8 +55,8 @@ SKIP_KEYS = (TASK_KEY, "video")  # the instruction, not a task id, tells the pol
 @dataclass(frozen=True)
 class VLAConfig:
     obs_keys: tuple[str, ...] | None = None  # entries the model reads; None = all but task_id and video
-    head: str = "tokens"  # action head: tokens | chunk
-    chunk: int = 4  # chunk head: env actions per policy step (K), decoded in parallel
+    head: str = "tokens"  # action head: tokens | chunk | flow
+    chunk: int = 4  # chunk and flow heads: env actions per policy step (K), decoded in parallel
     log_std_init: float = -0.5  # chunk head: initial log std of the Gaussian over each action
     bins: int = 64  # tokens head: bins per continuous action dimension
     action_tokens: str = "auto"  # auto | append | last: which vocabulary ids are the bins
@@ -72,13 +75,22 @@ class VLAConfig:
     vit_heads: int = 4
     vit_patch_size: int = 14
     backbone: dict[str, Any] = field(default_factory=dict)  # rlinf-model-hf's HFConfig keys
+    flow_steps: int = 4  # flow head: denoising steps N per chunk (rlinf_model_mlp/flow.py)
+    flow_noise: str = "noise"  # flow head: noise (Flow-Noise) | sde (Flow-SDE)
+    flow_sde_level: float = 0.5  # flow_noise=sde: noise level a
+    flow_std_min: float = 0.02  # flow_noise=noise: bounds of the learned per-step std (scaled units)
+    flow_std_max: float = 0.3
+    flow_time_dim: int = 16  # flow head: width of the time embedding
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
-            hint = " (the flow head is not built yet: docs/vla.md)" if self.head == "flow" else ""
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}{hint}")
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
         if self.head == "chunk" and self.chunk < 2:
             raise ValueError("chunk must be >= 2 (head=tokens acts one step at a time)")
+        if self.head == "flow":
+            if self.chunk < 1:
+                raise ValueError("chunk must be >= 1")
+            FlowSettings.from_model(self)  # validates the flow_* keys
         if self.bins < 2:
             raise ValueError("bins must be >= 2")
         if self.action_tokens not in ("auto", "append", "last"):
@@ -291,10 +303,11 @@ class VLAPolicy(Policy):
         self.hidden = hidden
 
         # action head
-        self.action_chunk = cfg.chunk if cfg.head == "chunk" else 1  # read by the runtime (rlinf_cli.runtime.chunking)
+        # read by the runtime (rlinf_cli.runtime.chunking)
+        self.action_chunk = cfg.chunk if cfg.head in ("chunk", "flow") else 1
         if env_spec.discrete:
-            if cfg.head == "chunk":
-                raise UserError("model.head=chunk needs continuous actions; use model.head=tokens for discrete ones")
+            if cfg.head != "tokens":
+                raise UserError(f"model.head={cfg.head} needs continuous actions; use model.head=tokens for discrete ones")
             self.dims, self.nbins = 1, int(env_spec.num_actions)
         else:
             a = env_spec.action
@@ -307,8 +320,13 @@ class VLAPolicy(Policy):
                 self.register_buffer(name, torch.from_numpy(full), persistent=False)
         if cfg.head == "tokens":
             self.register_buffer("action_ids", self._action_token_ids(), persistent=False)
-        else:  # K query tokens after the prefix; their hidden states are the K actions' means
+        elif cfg.head == "chunk":  # K query tokens after the prefix; their hidden states are the K actions' means
             self.chunk_head = ChunkHead(cfg.chunk, hidden, self.dims, cfg.log_std_init)
+        else:  # K noisy action tokens after the prefix; their hidden states are the velocity (flow_head.py)
+            flow = FlowSettings.from_model(cfg)
+            self.flow_tokens = FlowTokens(cfg.chunk, self.dims, hidden, flow.time_dim)
+            bounds = [getattr(self, n).repeat(cfg.chunk) for n in ("low", "high")] if hasattr(self, "low") else []
+            self.flow = FlowHead(flow, cfg.chunk * self.dims, hidden, *bounds)
 
         # encoders of the other inputs
         self.vision = nn.ModuleDict()
@@ -609,7 +627,13 @@ class VLAPolicy(Policy):
     # -- policy interface ------------------------------------------------------------------
     def act(self, obs: dict[str, Any], deterministic: bool = False) -> ActOutput:
         """tokens: decode the action tokens one dimension at a time, reusing the KV cache of the
-        prefix. chunk: K Gaussian actions from one pass."""
+        prefix. chunk: K Gaussian actions from one pass. flow: N denoising steps of K action
+        tokens against the prefix's cache; the chain is returned in ``extras``."""
+        if self.cfg.head == "flow":
+            field, cond, value = flow_field(self, obs)
+            action, logp, chain = self.flow.sample(field, cond, deterministic)
+            shape = (self.action_chunk, *self.env_spec.action.shape)
+            return ActOutput(action.view(action.shape[0], *shape), logp, value, {CHAIN_KEY: chain})
         if self.cfg.head == "chunk":
             means, log_std, value = self._chunk_means(obs)
             action = means if deterministic else means + torch.exp(log_std) * torch.randn_like(means)
@@ -633,6 +657,10 @@ class VLAPolicy(Policy):
         return ActOutput(self.from_bins(torch.stack(bins, dim=1)), logp, value)
 
     def evaluate(self, obs: dict[str, Any], action: torch.Tensor) -> EvalOutput:
+        if self.cfg.head == "flow":  # the recorded chain's log-prob under these weights
+            field, cond, value = flow_field(self, obs)
+            logp, entropy = self.flow.score(field, cond, recorded_chain(obs))
+            return EvalOutput(logp, entropy, value)
         if self.cfg.head == "chunk":
             means, log_std, value = self._chunk_means(obs)
             entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum().expand(means.shape[0])
@@ -652,6 +680,9 @@ class VLAPolicy(Policy):
         (differentiable), for ``algo.loss=mse``; ``nll`` (the default) is the natural BC loss here."""
         if self.cfg.head == "chunk":
             return self._chunk_means(obs)[0]
+        if self.cfg.head == "flow":
+            raise UserError("model.head=flow has no mean action to regress: clone it with algo.loss=nll "
+                            "(the default; the flow-matching loss for this head)")
         if self.env_spec.discrete:
             raise UserError("model=vla on discrete actions: use algo.loss=nll")
         with torch.no_grad():
@@ -662,6 +693,14 @@ class VLAPolicy(Policy):
             ((high - low) / self.nbins).unsqueeze(-1)  # [D, nbins]
         mean = (logits.softmax(-1) * centres).sum(-1)
         return mean.view(mean.shape[0], *self.env_spec.action.shape)
+
+    def imitation_loss(self, obs: dict[str, Any], actions: torch.Tensor) -> torch.Tensor | None:
+        """flow: the flow-matching loss (one backbone pass of the prefix, one of the K noisy action
+        tokens at a random time per row); other heads: None (their log-likelihood)."""
+        if self.cfg.head != "flow":
+            return None
+        field, _, _ = flow_field(self, obs)
+        return self.flow.loss(field, actions)
 
     def critic_parameters(self) -> list[nn.Parameter]:
         return list(self.critic.parameters()) if self.has_critic else []
