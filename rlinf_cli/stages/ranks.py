@@ -105,7 +105,7 @@ def launch(stage: str, cfg: Any) -> dict[str, Any] | None:
     executor = make_executor(cfg.executor)
     start = getattr(executor, "start_ranks", None)
     if start is None:
-        raise UserError(f"executor={cfg.executor.name} does not start trainer ranks: use executor=ray with "
+        raise UserError(f"executor={cfg.executor.name} does not start trainer ranks: use executor=ray (or local) with "
                         f"placement.trainer.ranks={trainer.ranks}, or torchrun --nproc_per_node={trainer.ranks} "
                         f"$(which rlinf) {stage} ... with placement.trainer.ranks=1")
     job = rank_job(stage, cfg, trainer)

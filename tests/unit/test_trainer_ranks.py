@@ -39,12 +39,15 @@ def test_each_rank_gets_the_variables_torchrun_gives_it():
                    "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500"}
 
 
-def test_an_executor_without_ranks_is_refused_in_one_line(cli):
-    r = cli("rl", "placement.trainer.ranks=2", "executor=local", "progress=false", "tracking.enabled=false")
-    assert r.code == 2
-    assert r.err.strip().splitlines() == [
-        "error: executor=local does not start trainer ranks: use executor=ray with placement.trainer.ranks=2, or "
-        "torchrun --nproc_per_node=2 $(which rlinf) rl ... with placement.trainer.ranks=1"]
+def test_an_executor_without_ranks_is_refused_in_one_line(monkeypatch):
+    import rlinf_cli.collectors.embodied_env as embodied_env
+
+    monkeypatch.setattr(embodied_env, "make_executor", lambda node: object())  # an executor of API 1.2
+    with pytest.raises(UserError) as err:
+        ranks.launch("rl", _cfg(ranks=2))
+    assert str(err.value) == ("executor=fake does not start trainer ranks: use executor=ray (or local) with "
+                              "placement.trainer.ranks=2, or torchrun --nproc_per_node=2 $(which rlinf) rl ... with "
+                              "placement.trainer.ranks=1")
 
 
 def test_under_torchrun_the_ranks_must_agree(monkeypatch):
