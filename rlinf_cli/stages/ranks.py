@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from rlinf_cli import settings
 from rlinf_cli.checkpoint import STATE_FILE, latest
 from rlinf_cli.errors import UserError
-from rlinf_cli.stages.common import make_run_dir, resumed_run_dir
+from rlinf_cli.stages.common import make_run_dir, resumed_run_dir, stopped
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement group strategies
 
@@ -113,6 +113,9 @@ def launch(stage: str, cfg: Any) -> dict[str, Any] | None:
         return start(job)
     except RankDied as exc:
         raise UserError(f"{exc}; the run stopped, {resume_note(Path(job.run_dir))}") from None
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM of this process: the executor stopped the ranks
+        stopped(exc, resume_note(Path(job.run_dir)))
+        raise
 
 
 def rank_job(stage: str, cfg: Any, trainer: TrainerPlacement) -> RankJob:

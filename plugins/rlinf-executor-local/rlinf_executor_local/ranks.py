@@ -28,6 +28,8 @@ def _child(conn: Any, job: RankJob, env: dict[str, str]) -> None:
         conn.send(("ok", run_rank(job, env)))
     except UserError as exc:
         conn.send(("user", str(exc)))
+    except KeyboardInterrupt:  # stopped with the driver (Ctrl-C reaches the whole process group): it says so
+        pass
     except BaseException:  # anything else: the driver prints the rank's traceback
         conn.send(("error", traceback.format_exc()))
     finally:
