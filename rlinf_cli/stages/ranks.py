@@ -85,7 +85,7 @@ class RankDied(Exception):
 
 
 def trainer_placement(cfg: Any) -> TrainerPlacement:
-    node = (cfg.get("placement") or {}).get("trainer") if hasattr(cfg, "get") else None
+    node = (cfg.get("placement") or {}).get("trainer")
     return settings.build(TrainerPlacement, node, "placement.trainer")
 
 
@@ -100,9 +100,9 @@ def launch(stage: str, cfg: Any) -> dict[str, Any] | None:
             raise UserError(f"placement.trainer.ranks={trainer.ranks} under torchrun with {os.environ['WORLD_SIZE']} "
                             f"ranks: torchrun starts the ranks itself; leave placement.trainer.ranks=1")
         return None
-    from rlinf_cli.collectors.embodied_env import make_executor
+    from rlinf_cli.collectors.embodied_env import make_executor, transport_options
 
-    executor = make_executor(cfg.executor)
+    executor = make_executor(cfg.executor, transport_options(cfg.get("runtime"), cfg.get("env")))
     start = getattr(executor, "start_ranks", None)
     if start is None:
         raise UserError(f"executor={cfg.executor.name} does not start trainer ranks: use executor=ray (or local) with "

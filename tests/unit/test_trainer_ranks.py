@@ -42,7 +42,7 @@ def test_each_rank_gets_the_variables_torchrun_gives_it():
 def test_an_executor_without_ranks_is_refused_in_one_line(monkeypatch):
     import rlinf_cli.collectors.embodied_env as embodied_env
 
-    monkeypatch.setattr(embodied_env, "make_executor", lambda node: object())  # an executor of API 1.2
+    monkeypatch.setattr(embodied_env, "make_executor", lambda node, runtime: object())  # an executor of API 1.2
     with pytest.raises(UserError) as err:
         ranks.launch("rl", _cfg(ranks=2))
     assert str(err.value) == ("executor=fake does not start trainer ranks: use executor=ray (or local) with "
@@ -77,7 +77,7 @@ class _Executor:
 def _with_executor(monkeypatch, executor: _Executor) -> None:
     import rlinf_cli.collectors.embodied_env as embodied_env
 
-    monkeypatch.setattr(embodied_env, "make_executor", lambda node: executor)
+    monkeypatch.setattr(embodied_env, "make_executor", lambda node, runtime: executor)
 
 
 def test_the_driver_fixes_rank_0s_run_directory_and_returns_its_result(monkeypatch, workdir):

@@ -207,7 +207,9 @@ class RayExecutor(WorkerExecutor):
         returns rank 0's result, raises ``RankDied`` when a rank's actor or node is lost."""
         from rlinf_executor_ray.ranks import start_ranks
 
-        envs = max(1, self.runtime.env_workers) * self.cfg.num_cpus_per_worker  # each rank's env actors
+        # a local instance needs room for each rank's env actors (runtime.env_workers, 0 = one per core),
+        # twice: evaluations during training (eval.interval) start their own beside the training ones
+        envs = 2 * (self.runtime.env_workers or cpu_cores()) * self.cfg.num_cpus_per_worker
         ray = self._init(job.ranks * (job.trainer.cpus + envs), ranks=True)
         return start_ranks(ray, job, self.cfg.namespace)
 
