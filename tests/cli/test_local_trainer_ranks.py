@@ -111,3 +111,20 @@ def test_a_killed_local_rank_stops_in_one_line_and_resumes_to_the_same_weights(t
                           timeout=900, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     _same_weights(torchrun_run, base / "killed")
+
+
+@pytest.mark.slow
+def test_local_ranks_run_deepspeed_zero2_as_torchrun_does(tmp_path: Path) -> None:
+    """The engine is the rank's own business: DeepSpeed ZeRO-2 (optimizer shards across the 2 ranks)
+    gives the same rows and weights started by the executor as by torchrun."""
+    args = [*ARGS[:2], "total_steps=512", *ARGS[3:], "train.backend=deepspeed", "train.zero_stage=2"]
+    tr = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_port()}", str(BIN / "rlinf"),
+                         "rl", *args, "run_dir=tr"], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
+    assert tr.returncode == 0, tr.stderr[-3000:]
+    local = subprocess.run([str(BIN / "rlinf"), "rl", *args, "placement.trainer.ranks=2", "run_dir=local"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=900, env=ENV)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert json.loads((tmp_path / "local" / "result.json").read_text())["backend"] == "deepspeed"
+    assert (tmp_path / "local" / "checkpoints" / "final" / "deepspeed").is_dir()
+    assert _rows(tmp_path / "local") == _rows(tmp_path / "tr")
+    _same_weights(tmp_path / "tr", tmp_path / "local")
