@@ -47,11 +47,22 @@ def cluster(base: Path):
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # a busy 2-core machine is slow to start a GCS
-    c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": 2, "resources": {"trainer": 2}, "include_dashboard": False})
+    for attempt in range(3):
+        # a raylet gets a fixed 30 s to register (Ray 2.60); under load it can miss it, and a fresh
+        # start has come up so far (as the executor's own ray.init retries)
+        c = None
+        try:
+            c = Cluster(initialize_head=True, connect=False,
+                        head_node_args={"num_cpus": 2, "resources": {"trainer": 2}, "include_dashboard": False})
+            c.add_node(num_cpus=2, resources={"envs": 2})
+            c.wait_for_nodes()
+            break
+        except Exception as exc:
+            if c is not None:
+                c.shutdown()
+            if "timed out" not in str(exc).lower() or attempt == 2:
+                raise
     try:
-        c.add_node(num_cpus=2, resources={"envs": 2})
-        c.wait_for_nodes()
         yield c
     finally:
         c.shutdown()
