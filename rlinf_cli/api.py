@@ -260,6 +260,7 @@ class Executor(Protocol):
     def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv: ...
 
     def describe(self) -> str: ...
+    # Optional (API 1.3): ``start_ranks(job)``, ``cluster_report()`` (docs/plugins.md, "Executors").
 
 
 class Accelerator(Protocol):
@@ -421,7 +422,8 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     **{n: ("rlinf_cli.runtime.workers", n) for n in ("WorkerHandle", "WorkerDied", "RemoteError")},
     "EnvWorker": ("rlinf_cli.runtime.env_worker", "EnvWorker"),
     "start_processes": ("rlinf_cli.runtime.procs", "start_processes"),
-    "cpu_cores": ("rlinf_cli.runtime.placement", "cpu_cores"),
+    "cpu_cores": ("rlinf_cli.runtime.placement", "cpu_cores"),  # and trainer ranks (API 1.3):
+    **{n: ("rlinf_cli.stages.ranks", n) for n in ("RankJob", "RankDied", "TrainerPlacement", "run_rank")},
     # simulators, batched and hosted
     "SingleFromBatched": ("rlinf_cli.runtime.batched", "SingleFromBatched"),
     "wire": ("rlinf_cli.remote.wire", None),

@@ -48,6 +48,11 @@ def _run_stage(stage: str, overrides: list[str]) -> None:
 
     cfg = _compose(stage, overrides)
     validate(stage, cfg)
+    if stage == "rl":
+        from rlinf_cli.stages.ranks import launch
+
+        if launch(stage, cfg) is not None:  # placement.trainer.ranks > 1: the executor's ranks ran it
+            return
     importlib.import_module(f"rlinf_cli.stages.{stage}").run(cfg)
 
 

@@ -116,6 +116,19 @@ def accelerator_details(console: Console, rows: list[dict[str, Any]]) -> None:
             console.print(f"  install: {escape(row['install'])}", soft_wrap=True)
 
 
+def cluster_lines() -> list[str]:
+    """What each executor that knows a cluster reports about it (``executor=ray``: the Ray cluster
+    this machine is connected to, a line per node). A broken report is a line, never a traceback."""
+    lines: list[str] = []
+    for spec in sorted(get_registry().specs("executor").values(), key=lambda s: s.name):
+        try:
+            fn = getattr(spec.load(), "cluster_report", None)
+            lines.extend((fn() or []) if fn is not None else [])
+        except Exception as exc:  # a broken plugin is reported, not fatal
+            lines.append(f"{spec.name}: error: {type(exc).__name__}: {exc}")
+    return lines
+
+
 def report(console: Console | None = None) -> None:
     console = console or Console()
     reg = get_registry()
@@ -128,6 +141,8 @@ def report(console: Console | None = None) -> None:
     for b in getattr(reg, "broken", []):  # installed entry points whose module failed to import
         console.print(f"[red]broken plugin:[/] {escape(b.package)} {escape(b.version)} ({escape(b.entry_point)}): "
                       f"{escape(b.error)}")
+    for line in cluster_lines():
+        console.print(escape(line), soft_wrap=True)
     try:
         import mlflow
 

@@ -30,7 +30,9 @@ import pluggy
 # goes up when a name here is removed or its contract changes; MINOR when one is added
 # (1.1: tools, the ``register_tools`` hook and the tool names of rlinf_cli.api; 1.2: the
 # ``Policy.add_critic`` method with its default; 1.3: ``ActOutput.extras``, what a policy needs back in
-# ``evaluate``, and the ``Policy.imitation_loss`` method with its default, for the flow head).
+# ``evaluate``, and the ``Policy.imitation_loss`` method with its default, for the flow head; trainer
+# ranks started by executors: ``RankJob``, ``RankDied``, ``TrainerPlacement``, ``run_rank`` and the
+# optional ``Executor.start_ranks`` / ``cluster_report``).
 API_VERSION = "1.3"
 
 hookspec = pluggy.HookspecMarker("rlinf")

@@ -11,11 +11,11 @@ Every node needs rlinf and the simulator's plugin installed, as for any Ray job.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlinf_cli.api import (EnvWorker, RemoteError, UserError, WorkerDied, WorkerExecutor, WorkerHandle, WorkerPlan,
-                           cpu_cores, settings)
+from rlinf_cli.api import (EnvWorker, RankJob, RemoteError, UserError, WorkerDied, WorkerExecutor, WorkerHandle,
+                           WorkerPlan, cpu_cores, settings)
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,13 @@ class RayConfig:
     address: str | None = None  # cluster address; None = start a local Ray instance
     num_cpus_per_worker: float = 1.0  # CPUs each env-worker actor reserves
     num_gpus_per_worker: float = 0.0  # GPUs each env-worker actor reserves
+    worker_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources each env-worker actor reserves
     namespace: str = "rlinf"  # Ray namespace
-    log_to_driver: bool = False  # forward actor output to the driver's terminal
+    log_to_driver: bool | str = "auto"  # forward actor output to the driver's terminal; auto = only trainer ranks'
+
+    def __post_init__(self) -> None:
+        if self.log_to_driver not in (True, False, "auto"):
+            raise ValueError(f"executor.log_to_driver must be true, false or auto, got {self.log_to_driver!r}")
 
 
 class RayEnvWorker(EnvWorker):
@@ -133,18 +138,21 @@ class RayExecutor(WorkerExecutor):
         self.cfg = settings.build(RayConfig, self.cfg, "executor")
         self._placement = "ray (not started)"
 
-    def _init(self, workers: int) -> Any:
+    def _init(self, cpus: float, ranks: bool = False) -> Any:
+        """Join the cluster (or start a local instance with room for ``cpus`` CPUs of actors)."""
         ray = _ray()
         if not ray.is_initialized():
             import logging
 
-            kwargs: dict[str, Any] = {"namespace": self.cfg.namespace, "log_to_driver": self.cfg.log_to_driver,
+            # trainer ranks: rank 0's notes and tables are the run's output, so they come here
+            log = ranks if self.cfg.log_to_driver == "auto" else bool(self.cfg.log_to_driver)
+            kwargs: dict[str, Any] = {"namespace": self.cfg.namespace, "log_to_driver": log,
                                       "include_dashboard": False, "ignore_reinit_error": True,
                                       "logging_level": logging.WARNING}
             if self.cfg.address:
                 kwargs["address"] = self.cfg.address
             else:  # a local instance with room for every actor, even on a small machine
-                kwargs["num_cpus"] = max(cpu_cores(), int(workers * self.cfg.num_cpus_per_worker + 0.999))
+                kwargs["num_cpus"] = max(cpu_cores(), int(cpus + 0.999))
                 # Ray gives its GCS server 30 s to come up; a busy 2-core machine can need more
                 # (seen in the test suite under load). A user's own value wins.
                 os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
@@ -168,12 +176,13 @@ class RayExecutor(WorkerExecutor):
         return ray
 
     def start_workers(self, plan: WorkerPlan) -> list[WorkerHandle]:
-        ray = self._init(plan.num_workers)
+        ray = self._init(plan.num_workers * self.cfg.num_cpus_per_worker)
         env_vars = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         if "MUJOCO_GL" in os.environ:
             env_vars["MUJOCO_GL"] = os.environ["MUJOCO_GL"]
         actor_cls = ray.remote(RayEnvWorker).options(num_cpus=self.cfg.num_cpus_per_worker,
-                                                     num_gpus=self.cfg.num_gpus_per_worker)
+                                                     num_gpus=self.cfg.num_gpus_per_worker,
+                                                     resources=dict(self.cfg.worker_resources))
         handles = []
         try:
             for w in range(plan.num_workers):
@@ -192,3 +201,22 @@ class RayExecutor(WorkerExecutor):
         return (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {plan.num_envs} envs in "
                 f"{plan.num_workers} actor(s)" + (f", {plan.stages} pipeline stages" if hybrid else "")
                 + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
+
+    def start_ranks(self, job: RankJob) -> Any:
+        """``placement.trainer.ranks`` trainer ranks as actors in one placement group (rlinf_executor_ray/ranks.py);
+        returns rank 0's result, raises ``RankDied`` when a rank's actor or node is lost."""
+        from rlinf_executor_ray.ranks import start_ranks
+
+        # a local instance needs room for each rank's env actors (runtime.env_workers, 0 = one per core),
+        # twice: evaluations during training (eval.interval) start their own beside the training ones
+        envs = 2 * (self.runtime.env_workers or cpu_cores()) * self.cfg.num_cpus_per_worker
+        ray = self._init(job.ranks * (job.trainer.cpus + envs), ranks=True)
+        return start_ranks(ray, job, self.cfg.namespace)
+
+    @staticmethod
+    def cluster_report() -> list[str] | None:
+        """For `rlinf doctor`: the Ray cluster this machine sees (RAY_ADDRESS, or one started here with
+        `ray start`), a line per node; None when Ray is not installed."""
+        from rlinf_executor_ray.cluster import report
+
+        return report()
