@@ -2,8 +2,8 @@
 
 One thread is fastest for the small MLP/CNN policies most embodied runs train: their matmuls are
 too small to split, and env workers want the other cores. A language model or a VLA is the
-opposite: SmolLM2-135M's GRPO step ran ~1.7x faster with both cores of a 2-core machine than with
-one. ``auto`` (the default) therefore starts with one thread and, once the policy is built, gives
+opposite: a SmolLM2-135M GRPO run kept 1.7 of a 2-core machine's cores busy (on one thread it
+used one; not yet timed side by side). ``auto`` (the default) therefore starts with one thread and, once the policy is built, gives
 a policy of ``LARGE_MODEL`` parameters or more every core this process may use (shared between
 the ranks of a torchrun launch on one machine).
 """
