@@ -92,12 +92,26 @@ REQUIRED_HINT = {
 # Training episodes' seeds stay below this (runtime/vector.py TRAIN_SEED_SPACE, collectors/base.py
 # training_seeds; tests/unit/test_keep_seeds.py holds them equal): validation seeds start above it.
 TRAIN_SEEDS = 1_000_000
+# Text tasks (rlinf-sim-reasoning's tasks.py) draw held-out prompts for seeds in [1,000,000, 2,000,000)
+# and training-split prompts again from 2,000,000: eval.best's validation seeds on a text task.
+TEXT_VALIDATION_SEEDS = 2_000_000
 
 
-def validation_episodes(cfg: Any) -> int:
-    """Episodes per validation of ``eval.best``: ``eval.val_episodes``, or ``eval.episodes``."""
-    n = cfg.eval.get("val_episodes")
+def validation_episodes(cfg: Any, text: bool = False) -> int:
+    """Episodes per validation of ``eval.best``: ``eval.val_episodes`` (on a text task
+    ``text.val_episodes``), or ``eval.episodes`` where that is null. A text episode is one prompt:
+    the few episodes that suffice to tell a simulator's policies apart cannot rank language models."""
+    n = (cfg.get("text") or {}).get("val_episodes") if text else cfg.eval.get("val_episodes")
     return int(cfg.eval.episodes if n is None else n)
+
+
+def _text_task(cfg: Any) -> bool:
+    from rlinf_cli.collectors import modality
+
+    try:
+        return modality(cfg.get("sim")) == "text"
+    except UserError:  # an unknown simulator: said where plugins are resolved
+        return False
 
 
 def seed_range(first: int, n: int) -> str:
@@ -110,12 +124,18 @@ def check_best(cfg: Any, final: tuple[int, int] | None = None) -> None:
     the pipeline's eval step; else ``eval.seed``, ``eval.episodes``). Said before anything runs."""
     if not cfg.eval.get("best"):
         return
-    n, first = validation_episodes(cfg), int(cfg.eval.val_seed)
+    text = _text_task(cfg)
+    n, first = validation_episodes(cfg, text), int(cfg.eval.val_seed)
     if n < 1:
-        raise UserError("eval.best=true needs validation episodes: set eval.val_episodes=N (or eval.episodes=N)")
+        key = "text.val_episodes" if text else "eval.val_episodes"
+        raise UserError(f"eval.best=true needs validation episodes: set {key}=N (or eval.episodes=N)")
     if first < TRAIN_SEEDS:
         raise UserError(f"eval.val_seed={first}: validation seeds {seed_range(first, n)} would be training seeds "
                         f"(those are below {TRAIN_SEEDS:,}); set eval.val_seed >= {TRAIN_SEEDS}")
+    if text and first < TEXT_VALIDATION_SEEDS:
+        raise UserError(f"eval.val_seed={first}: on a text task validation seeds start at {TEXT_VALIDATION_SEEDS:,} "
+                        f"(they draw training-split prompts; seeds below it draw the held-out prompts the final "
+                        f"evaluation scores): set eval.val_seed >= {TEXT_VALIDATION_SEEDS}")
     seed, episodes = final or (int(cfg.eval.seed), int(cfg.eval.episodes))
     if episodes and first < seed + episodes and seed < first + n:
         raise UserError(f"validation seeds {seed_range(first, n)} (eval.val_seed, eval.val_episodes) overlap the final "

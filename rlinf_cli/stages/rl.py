@@ -187,7 +187,8 @@ def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:
     validation seeds instead (eval.best); ``kind="best"``: of the kept checkpoint. Those two show
     no text examples and record no video."""
     cfg = run.cfg
-    episodes, seed = (validation_episodes(cfg), int(cfg.eval.val_seed)) if kind == "validation" else \
+    text = run.world.modality == "text"
+    episodes, seed = (validation_episodes(cfg, text), int(cfg.eval.val_seed)) if kind == "validation" else \
         (int(cfg.eval.episodes), int(cfg.eval.seed))
     policy = str(run.ctx.run_dir / "checkpoints" / "best") if kind == "best" else run.policy
     ev = run.world.evaluator.evaluate(policy, episodes, seed, bool(cfg.eval.get("deterministic", True)),

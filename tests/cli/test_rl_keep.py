@@ -118,6 +118,12 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
         (["pipeline", "eval.seed=2000003", "eval.episodes=5"],
          "validation seeds 2,000,000..2,000,004 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
          "2,000,003..2,000,007: set eval.val_seed=2000008 or above (or eval.best=false to keep the last policy)"),
+        # a text task: seeds from 1,000,000 to 2,000,000 draw its held-out prompts, which the final evaluation scores
+        (["rl", "--algo", "grpo", "sim=arithmetic", "model=hf", "eval.val_seed=1500000"],
+         "eval.val_seed=1500000: on a text task validation seeds start at 2,000,000 (they draw training-split "
+         "prompts; seeds below it draw the held-out prompts the final evaluation scores): set eval.val_seed >= 2000000"),
+        (["rl", "--algo", "grpo", "sim=arithmetic", "model=hf", "eval.episodes=0"],
+         "eval.best=true needs validation episodes: set text.val_episodes=N (or eval.episodes=N)"),
     ]
     for args, message in cases:
         res = cli(*args, "tracking.enabled=false")
@@ -125,10 +131,13 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
         assert [line for line in res.err.splitlines() if line.strip()] == [f"error: {message}"], res.err
     # apart: accepted (eval.best=false: nothing to keep apart)
     from rlinf_cli.config import compose
-    from rlinf_cli.validate import check_best
+    from rlinf_cli.validate import check_best, validation_episodes
 
     check_best(compose("rl", ["eval.val_seed=1000010", "eval.episodes=10"]))
     check_best(compose("rl", ["eval.val_seed=999998", "eval.best=false"]))
+    text = compose("rl", ["sim=arithmetic", "model=hf", "eval.episodes=0", "text.val_episodes=32"])
+    check_best(text)
+    assert validation_episodes(text, text=True) == 32 and validation_episodes(text) == 5
 
 
 def test_the_pipeline_summary_names_the_kept_policy():

@@ -8,7 +8,7 @@ import pytest
 
 from rlinf_cli.api import UserError
 from rlinf_sim_reasoning.rgym import ReasoningGymTask
-from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE
+from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, VALIDATION_SEED_BASE
 
 SMALL = {"task": "chain_sum", "params": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}}
 
@@ -22,6 +22,8 @@ def test_held_out_split_is_disjoint_and_eval_questions_distinct():
     assert len({s.prompt for s in train}) > 500  # training draws spread over the space, not a few items
     again = ReasoningGymTask(SMALL).prompts([EVAL_SEED_BASE + 7, 11])
     assert [s.prompt for s in again] == [held[7].prompt, train[11].prompt]  # seeds name the same prompts
+    val = task.prompts(range(VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 200))  # eval.best's validation
+    assert len({s.prompt for s in val}) > 100 and not {s.prompt for s in val} & {s.prompt for s in held}
 
 
 def test_scores_with_the_datasets_own_verifier():

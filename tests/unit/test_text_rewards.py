@@ -11,7 +11,7 @@ import pytest
 from rlinf_cli.api import TextSample
 from rlinf_cli.errors import UserError
 from rlinf_sim_reasoning import rewards
-from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, ArithmeticTask, JsonlTask
+from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, VALIDATION_SEED_BASE, ArithmeticTask, JsonlTask
 from rlinf_sim_reasoning.tool_tasks import CalculatorTask
 from rlinf_sim_reasoning.word_problems import WordProblemsTask
 from rlinf_tools.calculator import CalcError, calculate
@@ -81,6 +81,9 @@ def test_arithmetic_seeds_are_deterministic_and_held_out():
     assert train and held and not train & held
     for s in task.prompts(range(50)):  # answers are right (checked with the calculator, not eval)
         assert Fraction(s.answer) == calculate(s.prompt.rstrip("="))
+    # eval.best's validation seeds (2,000,000 on) draw training-split problems: none the final evaluation scores
+    val = {s.prompt for s in task.prompts(range(VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 300))}
+    assert len(val) > 250 and not val & held and not val & {s.prompt for s in task.prompts(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 3000))}
 
 
 def test_jsonl_task(tmp_path):
@@ -93,6 +96,17 @@ def test_jsonl_task(tmp_path):
     assert answers["2+2?"] == "4" and answers.get("3*3?", "9") == "9"
     s = next(x for x in samples if x.answer == "4")
     assert s.solution.endswith("#### 4") and task.score(s, "so #### 4.0").correct
+
+
+def test_jsonl_validation_seeds_never_draw_held_out_rows(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(f'{{"question": "q{i}", "answer": "#### {i}"}}\n' for i in range(60)))
+    task = JsonlTask({"path": str(path), "holdout": 0.25})
+    held = {s.prompt for s in task.prompts(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 60))}
+    train = {s.prompt for s in task.prompts(range(200))}
+    val = {s.prompt for s in task.prompts(range(VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 60))}
+    assert held and train and not held & train
+    assert val and val <= train  # a file's held-out rows are the final evaluation's alone
 
 
 def test_jsonl_errors(tmp_path):

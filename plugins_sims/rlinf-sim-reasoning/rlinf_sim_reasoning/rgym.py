@@ -20,7 +20,8 @@ from typing import Any, Mapping, Sequence
 
 from rlinf_cli.api import settings, Score, TextSample, UserError
 from rlinf_sim_reasoning import rewards
-from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, SingleTurnTask, check_prompt_settings, format_answer, held_out
+from rlinf_sim_reasoning.tasks import (EVAL_SEED_BASE, SingleTurnTask, check_prompt_settings, format_answer, held_out,
+                                       held_out_seed)
 
 MAX_WALK = 200_000  # items generated while looking for held-out questions before giving up
 STALE_WALK = 20_000  # ... or this many items in a row without a new one (the space is used up)
@@ -104,7 +105,7 @@ class ReasoningGymTask(SingleTurnTask):
         out = []
         for seed in seeds:
             seed = int(seed)
-            idx = self._eval_item(seed - EVAL_SEED_BASE) if seed >= EVAL_SEED_BASE else self._train_item(seed)
+            idx = self._eval_item(seed - EVAL_SEED_BASE) if held_out_seed(seed) else self._train_item(seed)
             self._items[seed] = idx
             entry = self.dataset[idx]
             answer = str(entry["answer"])

@@ -1,8 +1,11 @@
 """Single-turn text tasks: generated arithmetic and GSM8K/MATH-style JSONL files.
 
-Seeds pick prompts. Seeds below ``EVAL_SEED_BASE`` draw from the training split and seeds at or
-above it from the held-out split (rlinf's eval seeds start at 1,000,000), so an evaluation never
-scores a prompt that training could have seen.
+Seeds pick prompts. Seeds below ``EVAL_SEED_BASE`` draw from the training split and seeds from it
+up to ``VALIDATION_SEED_BASE`` from the held-out split (rlinf's eval seeds start at 1,000,000), so an
+evaluation never scores a prompt that training could have seen. Seeds from 2,000,000 (an rl run's
+validation, ``eval.best``) draw from the training split again: choosing the kept policy on held-out
+prompts would bias the final evaluation of it, and a file's held-out rows leave no room for a
+second disjoint set.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from rlinf_cli.api import settings, TEXT, TEXT_SPEC, Score, TextSample, UserErro
 from rlinf_sim_reasoning import rewards
 
 EVAL_SEED_BASE = 1_000_000
+VALIDATION_SEED_BASE = 2_000_000
 ANSWER_FORMATS = ("plain", "hash", "boxed")
 
 
@@ -37,6 +41,11 @@ def check_prompt_settings(answer_format: str, holdout: float, template: str) -> 
         raise ValueError("holdout must be in (0, 1)")
     if "{question}" not in template:
         raise ValueError("template must contain {question}")
+
+
+def held_out_seed(seed: int) -> bool:
+    """Whether ``seed`` draws from the held-out split (the evaluation seeds, module docstring)."""
+    return EVAL_SEED_BASE <= int(seed) < VALIDATION_SEED_BASE
 
 
 def held_out(key: str, fraction: float) -> bool:
@@ -121,7 +130,7 @@ class ArithmeticTask(SingleTurnTask):
     def prompts(self, seeds: Sequence[int]) -> list[TextSample]:
         out = []
         for seed in seeds:
-            want_eval = seed >= EVAL_SEED_BASE
+            want_eval = held_out_seed(seed)
             rng = random.Random(seed)
             for _ in range(10_000):  # rejection: the split decides which problems a seed may draw
                 question, answer = self.problem(rng)
@@ -192,6 +201,6 @@ class JsonlTask(SingleTurnTask):
     def prompts(self, seeds: Sequence[int]) -> list[TextSample]:
         out = []
         for seed in seeds:
-            rows, offset = (self.test, EVAL_SEED_BASE) if seed >= EVAL_SEED_BASE else (self.train, 0)
+            rows, offset = (self.test, EVAL_SEED_BASE) if held_out_seed(seed) else (self.train, 0)
             out.append(self.sample_of(rows[(seed - offset) % len(rows)], seed))
         return out

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from rlinf_cli.api import Score, TextSample, settings, toolcalls
 from rlinf_sim_reasoning import rewards
-from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, SingleTurnTask, evaluate_terms, held_out
+from rlinf_sim_reasoning.tasks import SingleTurnTask, evaluate_terms, held_out, held_out_seed
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class CalculatorTask(ToolTask):
                         for d in (rng.randint(c.min_digits, c.digits) for _ in range(c.terms))]
                 ops = [rng.choice(c.ops) for _ in range(c.terms - 1)]
                 question = str(nums[0]) + "".join(f"{o}{n}" for o, n in zip(ops, nums[1:]))
-                if held_out(question, c.holdout) == (seed >= EVAL_SEED_BASE):
+                if held_out(question, c.holdout) == held_out_seed(seed):
                     break
             answer = str(evaluate_terms(nums, ops))
             out.append(TextSample(c.template.format(question=question), answer, self.reference(question, answer),

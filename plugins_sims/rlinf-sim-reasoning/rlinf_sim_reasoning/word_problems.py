@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from rlinf_cli.api import TextSample, settings
-from rlinf_sim_reasoning.tasks import EVAL_SEED_BASE, held_out
+from rlinf_sim_reasoning.tasks import held_out, held_out_seed
 from rlinf_sim_reasoning.tool_tasks import ToolTask, ToolTaskConfig
 
 Problem = tuple[str, str, int]  # (question, expression, answer)
@@ -87,7 +87,7 @@ class WordProblemsTask(ToolTask):
             rng = random.Random(seed)
             for _ in range(10_000):  # the split decides which problems a seed may draw
                 question, expression, value = self.problem(rng)
-                if held_out(question, self.cfg.holdout) == (seed >= EVAL_SEED_BASE):
+                if held_out(question, self.cfg.holdout) == held_out_seed(seed):
                     break
             answer = str(value)
             out.append(TextSample(self.cfg.template.format(question=question), answer,
