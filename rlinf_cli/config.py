@@ -9,6 +9,8 @@ Bad overrides are caught here with one clear line; Hydra's own messages are a fa
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -263,18 +265,38 @@ def node_overrides(prefix: str, node: Any) -> list[str]:
 
     The ``name`` of a plugin group node is skipped: the group choice carries it.
     """
-    import json
-
     items = flatten(node) if isinstance(node, dict) else {"": node}
     out = []
     for key, value in items.items():
         if key == "name" and prefix in GROUP_TO_KIND:
             continue
         full = f"{prefix}.{key}" if key else prefix
-        # JSON writes null, true/false, quoted strings, lists and mappings as Hydra parses them;
-        # floats keep Python's spelling (inf, nan)
-        out.append(f"++{full}={repr(value) if isinstance(value, float) else json.dumps(value)}")
+        out.append(f"++{full}={override_value(value)}")
     return out
+
+
+_HYDRA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+def override_value(value: Any) -> str:
+    """``value`` spelled so that Hydra's override parser gives it back unchanged.
+
+    Strings are single-quoted with Hydra's own escapes (a quote, backslashes before a quote or the
+    end): JSON's ``\\n`` or ``\\\\`` would reach the config
+    as two characters, and a saved ``{question}\\n`` template or ``\\boxed{}`` instruction would
+    change each time a checkpoint hands it on. Floats keep Python's spelling (inf, nan); null,
+    booleans and integers are JSON's."""
+    if isinstance(value, str):
+        body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+        return "'" + body.replace("'", "\\'") + "'"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        keys = [str(k) if _HYDRA_KEY.fullmatch(str(k)) else override_value(str(k)) for k in value]
+        return "{" + ", ".join(f"{k}: {override_value(v)}" for k, v in zip(keys, value.values())) + "}"
+    return json.dumps(value)
 
 
 def _user_values(overrides: Iterable[str]) -> dict[str, str]:

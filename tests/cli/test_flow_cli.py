@@ -76,7 +76,7 @@ def test_mlp_flow_through_the_env_server_with_overlapped_rollouts(cli, workdir):
 
     common = ["--algo", "ppo", *QUIET, "model=mlp", "model.head=flow", "model.flow_steps=2", "algo.rollout_steps=16",
               "num_envs=2", "eval.episodes=1", "total_steps=64"]
-    with serving(GymnasiumSimulator({"env_id": "Pendulum-v1"}), max_sessions=2) as address:
+    with serving(GymnasiumSimulator({"env_id": "Pendulum-v1"}), max_sessions=4) as address:  # training 2 sessions, validation 2 more
         remote = ["sim=remote", f"sim.address={address}"]
         res = cli("rl", *remote, *common, "run_dir=remote")
         assert res.code == 0, res.err

@@ -43,7 +43,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(base: Path):
-    """Two Ray nodes on this machine: the head (2 CPUs, ``trainer``) and one for env workers (2 CPUs, ``envs``)."""
+    """Two Ray nodes on this machine: the head (2 CPUs, ``trainer``) and one for env workers (4 logical CPUs, ``envs``)."""
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -55,7 +55,8 @@ def cluster(base: Path):
         try:
             c = Cluster(initialize_head=True, connect=False,
                         head_node_args={"num_cpus": 2, "resources": {"trainer": 2}, "include_dashboard": False})
-            c.add_node(num_cpus=2, resources={"envs": 2})
+            # room for each rank's training env actor and, beside it, its evaluations' (eval.best)
+            c.add_node(num_cpus=4, resources={"envs": 4})
             c.wait_for_nodes()
             break
         except Exception as exc:
@@ -167,7 +168,7 @@ def test_doctor_reports_the_cluster(cluster, base: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln.strip() for ln in proc.stdout.splitlines()]
     head = next(ln for ln in lines if ln.startswith("ray ") and " cluster at " in ln)
-    assert f"cluster at {cluster.address}: 2 node(s), 4 CPUs, 0 GPUs" in head, head
+    assert f"cluster at {cluster.address}: 2 node(s), 6 CPUs, 0 GPUs" in head, head
     nodes = [ln for ln in lines if ln.startswith("node ")]
-    assert len(nodes) == 2 and all("2 CPUs, 0 GPUs" in n for n in nodes), nodes
-    assert sum("trainer 2" in n for n in nodes) == 1 and sum("envs 2" in n for n in nodes) == 1, nodes
+    assert len(nodes) == 2 and sum("2 CPUs, 0 GPUs" in n for n in nodes) == 1 and sum("4 CPUs, 0 GPUs" in n for n in nodes) == 1, nodes
+    assert sum("trainer 2" in n for n in nodes) == 1 and sum("envs 4" in n for n in nodes) == 1, nodes

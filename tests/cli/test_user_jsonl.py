@@ -32,7 +32,8 @@ def _user_file(path: Path, n: int = 240) -> list[dict]:
             a, b = rng.randint(10, 60), rng.randint(2, 9)
             q = f"Sam has {a} apples and buys {b} bags of 3 apples each. How many apples does Sam have now?"
             work, ans = f"{b} bags of 3 is {3 * b}. {a} + {3 * b} = {a + 3 * b}.", a + 3 * b
-        rows.append({"question": q, "answer": f"{work}\n#### {ans}"})
+        if all(r["question"] != q for r in rows):  # one row per question, as a curated file has
+            rows.append({"question": q, "answer": f"{work}\n#### {ans}"})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
@@ -70,6 +71,8 @@ def test_user_jsonl_collect_sft_grpo_eval(cli, workdir):
     assert r.code == 0, r.err
     assert 0.0 <= r.json_tail()["accuracy"] <= 1.0
     result = json.loads(next((workdir / "rlinf_runs/eval").glob("*/result.json")).read_text())
-    asked = {e["prompt"].strip() for e in result["examples"]}
-    assert len(asked) == 12 and asked <= {row["question"] for row in rows}  # the user's own questions ...
-    assert not asked & {row["prompt"].strip() for row in sft_rows}  # ... from its held-out rows, never trained on
+    asked = [e["prompt"] for e in result["examples"]]
+    # the user's own questions in the template of the file's task ("{question}\n", handed from checkpoint to
+    # checkpoint unchanged) ...
+    assert len(set(asked)) == 12 and set(asked) <= {row["question"] + "\n" for row in rows}
+    assert not set(asked) & {row["prompt"] for row in sft_rows}  # ... from its held-out rows, never trained on

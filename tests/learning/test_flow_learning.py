@@ -15,7 +15,11 @@ SIM = ["sim=metaworld", "sim.task=reach-v3", "sim.max_episode_steps=100"]
 FLOW = ["model=mlp", "model.head=flow", "model.chunk=4", "model.hidden_sizes=[128,128]"]
 PPO = ["algo.lr=5e-5", "algo.epochs=4", "algo.minibatch_size=128", "algo.anneal_lr=false",
        "algo.critic_warmup_iters=10", "algo.critic_warmup_lr=1e-3"]
-HELD_OUT_GAIN = 0.05  # one measurement so far (docs/vla.md, "The flow head"): not yet a margin over seeds
+# Gains measured (benchmarks/learning_margins.py, 2026-12-03, from the 0.36 clone, 50 held-out episodes):
+# seeds 0-3 on this CPU +0.02 / +0.08 / +0.06 / +0.12, under avx2-1thread +0.04 / +0.12 / +0.06 / +0.10.
+# Every run gains, by 0.02 to 0.12 (a 50-episode rate moves by ~0.07 between evaluations): the bar is
+# a gain, not its size.
+HELD_OUT_GAIN = 0.01
 
 
 def test_flow_sft_then_ppo_raises_success_on_reach(cli, workdir, learning):

@@ -125,3 +125,23 @@ def test_a_checkpoint_saved_before_a_rename_keeps_its_values(workdir, renamed):
     cfg = compose("eval", overrides, inherited_overrides("eval", overrides))
     assert cfg.sim.env_id == "Pendulum-v1" and cfg.sim.reward_scale == 0.5
     assert "env_name" not in cfg.sim
+
+
+def test_saved_strings_reach_the_next_stage_unchanged():
+    """A checkpoint hands its settings on as overrides: a JSONL task's "{question}\\n" template, a
+    "\\boxed{}" instruction, quotes and tabs come back character for character (JSON's escapes
+    once turned the newline into a backslash and an n, one more each hop)."""
+    from omegaconf import OmegaConf
+
+    from rlinf_cli.config import compose, override_value
+
+    strings = ["{question}\n", "Put the answer in \\boxed{}.", "it's \"x\"", "a\\", "tab\there", "C:\\new\\'q",
+               "two\nlines\\n", "", "null", "[1,2]", " spaced "]
+    for text in strings:
+        cfg = compose("eval", ["sim=jsonl", "sim.path=x.jsonl", "checkpoint=random",
+                               f"++sim.template={override_value(text)}"])
+        assert cfg.sim.template == text
+    for value in (["a\nb", "x\\y", 1, 2.5, None, True], {"k": "v\n", "n-m": [1, "2"]}):
+        cfg = compose("eval", ["sim=jsonl", "sim.path=x.jsonl", "checkpoint=random",
+                               f"++sim.extra={override_value(value)}"])
+        assert OmegaConf.to_container(cfg.sim.extra) == value

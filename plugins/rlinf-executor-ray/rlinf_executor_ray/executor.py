@@ -176,7 +176,9 @@ class RayExecutor(WorkerExecutor):
         return ray
 
     def start_workers(self, plan: WorkerPlan) -> list[WorkerHandle]:
-        ray = self._init(plan.num_workers * self.cfg.num_cpus_per_worker)
+        # a local instance started here is sized twice over: an rl run's evaluations (eval.best's
+        # validation, eval.interval) start their own env actors while the training ones stand idle
+        ray = self._init(2 * plan.num_workers * self.cfg.num_cpus_per_worker)
         env_vars = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         if "MUJOCO_GL" in os.environ:
             env_vars["MUJOCO_GL"] = os.environ["MUJOCO_GL"]
