@@ -30,6 +30,8 @@ TASKS = {
     "basic_arithmetic": ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2, operators: ['+', '-', '*'], "
                          "allow_parentheses: false, allow_negation: false}", 32),
     "chain_sum": ("{min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1}", 32),
+    # gcd of two numbers up to 20: SmolLM2 starts near 8% greedy, half its 8-sample groups hold a right answer.
+    "gcd": ("{min_value: 1, max_value: 20}", 32),
 }
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--iterations", type=int, default=90)
+    p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-4)
