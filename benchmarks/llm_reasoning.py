@@ -30,8 +30,9 @@ TASKS = {
     "basic_arithmetic": ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2, operators: ['+', '-', '*'], "
                          "allow_parentheses: false, allow_negation: false}", 32),
     "chain_sum": ("{min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1}", 32),
-    # gcd of two numbers up to 20: SmolLM2 starts near 8% greedy, half its 8-sample groups hold a right answer.
-    "gcd": ("{min_value: 1, max_value: 20}", 32),
+    # gcd of two numbers up to 50 (up to 20 leaves ~54 distinct held-out questions): SmolLM2 starts at 16% greedy
+    # on a 64-problem probe, 25% sampled at T=0.7, and 10 of 16 of its 8-sample groups hold a right answer.
+    "gcd": ("{min_value: 1, max_value: 50}", 32),
 }
 
 
