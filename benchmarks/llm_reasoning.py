@@ -30,6 +30,9 @@ TASKS = {
     "basic_arithmetic": ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2, operators: ['+', '-', '*'], "
                          "allow_parentheses: false, allow_negation: false}", 32),
     "chain_sum": ("{min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1}", 32),
+    # gcd of two numbers up to 50 (up to 20 leaves ~54 distinct held-out questions): SmolLM2 starts at 16% greedy
+    # on a 64-problem probe, 25% sampled at T=0.7, and 10 of 16 of its 8-sample groups hold a right answer.
+    "gcd": ("{min_value: 1, max_value: 50}", 32),
 }
 
 
@@ -57,7 +60,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--iterations", type=int, default=90)
+    p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-4)
