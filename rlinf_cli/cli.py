@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import typer
 
-from rlinf_cli import __version__
-from rlinf_cli.errors import Interrupted, UserError, error_line, one_line
+from rlinf_cli import __version__, stops
+from rlinf_cli.errors import UserError, error_line, one_line
 
 app = typer.Typer(
     name="rlinf",
@@ -321,15 +321,12 @@ def _usage_error() -> type[Exception]:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input -> one line on stderr and exit code 2; SIGINT and SIGTERM
     -> one line saying what stopped and what was saved, exit code 130 / 143."""
-    import signal
-
     usage_error = _usage_error()
-    _STOPS.clear()
-    previous = _stop_on_signals()
+    previous = stops.install()
     try:
         code = app(args=argv, standalone_mode=False)
-        if _STOPS and code == 130:  # typer turns KeyboardInterrupt into exit code 130: the stop itself is kept here
-            _stopped(_STOPS[0])
+        if stops.STOPS and code == 130:  # typer turns KeyboardInterrupt into exit code 130: the stop itself is kept here
+            _stopped(stops.STOPS[0])
     except UserError as exc:
         _fail(str(exc))
     except usage_error as exc:
@@ -340,42 +337,15 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stops.restore(previous)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-_STOPS: list[Interrupted] = []  # the stops of this command, first first (stages note on it what they saved)
-
-
-def _stop_on_signals() -> dict[int, Any]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread: every stage then stops
-    the same way for both (its cleanup runs, MLflow records the run as KILLED). A signal the
-    process was started with ignored (a background job, nohup) stays ignored."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def stop(signum: int, _frame: Any) -> None:
-        exc = Interrupted(signum)
-        _STOPS.append(exc)
-        raise exc
-
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        current = signal.getsignal(sig)
-        if current in (signal.default_int_handler, signal.SIG_DFL):
-            previous[sig] = signal.signal(sig, stop)
-    return previous
 
 
 def _stopped(exc: BaseException) -> None:
     import signal
 
-    if _STOPS:
-        exc = _STOPS[0]
+    if stops.STOPS:
+        exc = stops.STOPS[0]
     cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
     signum = getattr(cause, "signum", signal.SIGINT)
     saved = getattr(cause, "saved", "")

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
+from rlinf_cli import stops
 from rlinf_cli.errors import UserError
 from rlinf_cli.locks import abandoned, locked
 from rlinf_cli.tracking_store import check_writable, new_client, sqlite_path, store_error
@@ -59,7 +60,10 @@ class Tracker:
         self._last_flush = time.monotonic()
         self._flush_s = float(cfg.tracking.get("flush_s", _FLUSH_SECONDS))
         if cfg.tracking.enabled:
-            self._start_mlflow(cfg, run_dir, stage, dict(tags or {}), resume_run_id if resume_step is not None else None)
+            with stops.deferred():  # seconds at most; a stop cut inside a store write can leave it locked
+                self._start_mlflow(cfg, run_dir, stage, dict(tags or {}), resume_run_id if resume_step is not None else None)
+                if stops.pending() and self.client is not None:  # stopped while starting: no caller will close it
+                    self.client.set_terminated(self.run_id, status="KILLED")
         self.metrics_file = _open_append(run_dir / "metrics.jsonl")
 
     # -- mlflow ----------------------------------------------------------------------------
@@ -146,6 +150,10 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         if self.client is None:
             return
+        with stops.deferred():
+            self._write_params(params)
+
+    def _write_params(self, params: Mapping[str, Any]) -> None:
         values = {k: str(v)[:6000] for k, v in params.items()}
         if self.resumed:  # MLflow params are immutable: a resumed run records what changed as tags
             logged = self.client.get_run(self.run_id).data.params
@@ -175,13 +183,14 @@ class Tracker:
     def flush(self) -> None:
         if self.client is None or not self._buffer:
             return
-        try:
-            for i in range(0, len(self._buffer), 1000):
-                self.client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
-        except Exception as exc:
-            raise UserError(store_error(self.client.tracking_uri, exc)) from exc
-        self._buffer.clear()
-        self._last_flush = time.monotonic()
+        with stops.deferred():  # a stop cut inside SQLAlchemy can leave sqlite's write lock held (stops.py)
+            try:
+                for i in range(0, len(self._buffer), 1000):
+                    self.client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+            except Exception as exc:
+                raise UserError(store_error(self.client.tracking_uri, exc)) from exc
+            self._buffer.clear()
+            self._last_flush = time.monotonic()
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if self.client is not None and Path(path).exists():
@@ -190,9 +199,10 @@ class Tracker:
     def close(self, status: str = "FINISHED") -> None:
         self.metrics_file.close()
         if self.client is not None:
-            self.flush()
-            self.client.set_terminated(self.run_id, status=status)
-            self.client = None
+            with stops.deferred():  # the run's last points and its status are written whole
+                self.flush()
+                self.client.set_terminated(self.run_id, status=status)
+                self.client = None
 
     def __enter__(self) -> "Tracker":
         return self

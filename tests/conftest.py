@@ -125,3 +125,31 @@ def cli_proc(workdir: Path):
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+def wait_for_checkpoint(run_dir: Path, iteration: int, proc: subprocess.Popen | None = None,
+                        timeout: float = 300.0, poll: float = 0.02) -> Path:
+    """Wait until ``run_dir`` holds a periodic checkpoint of ``iteration`` or later; returns it.
+
+    Waiting for one named checkpoint (``iter_000004``) raced: with ``checkpoint.keep=2`` and a tiny
+    run at ~60 iterations/s, that directory lives for a few tens of milliseconds before the next
+    ones replace it, and a poll can miss it (CI waited 180 s for it). A later one is as good a
+    sign that the run got there. A test that reads that exact checkpoint sets ``checkpoint.keep``."""
+    import time
+
+    t0 = time.time()
+    ckpts = Path(run_dir) / "checkpoints"
+    while True:
+        try:
+            done = sorted(p for p in ckpts.iterdir() if p.name.startswith("iter_") and p.suffix != ".tmp"
+                          and int(p.name[5:]) >= iteration)
+        except (FileNotFoundError, ValueError):
+            done = []
+        if done:
+            return done[0]
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read()[-3000:] if proc.stderr else ""
+            raise AssertionError(f"the run ended ({proc.returncode}) before checkpoint {iteration}: {err}")
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"no checkpoint {iteration} or later in {ckpts} after {timeout:.0f} s")
+        time.sleep(poll)

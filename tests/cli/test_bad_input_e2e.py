@@ -6,11 +6,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from tests.conftest import RLINF
+from tests.conftest import RLINF, wait_for_checkpoint
 
 
 def _one_line_error(res, needle):
@@ -58,21 +57,13 @@ def test_checkpoint_from_another_model_or_sim(cli_proc, demos, workdir):
                     "cannot be resumed")
 
 
-def _wait_for(path, timeout=120.0):
-    t0 = time.time()
-    while not path.exists():
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"{path} never appeared")
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_run_resumes_from_its_last_checkpoint(workdir, sig):
     args = [RLINF, "rl", "total_steps=400000", "algo.rollout_steps=128", "checkpoint.interval=2", "run_dir=run",
             "progress=false", "eval.episodes=2"]  # 8 envs x 128 steps: 1,024 a iteration
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
-    _wait_for(workdir / "run/checkpoints/iter_000004")
+    wait_for_checkpoint(workdir / "run", 4, timeout=120)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in ((130,) if sig == signal.SIGINT else (-9,)), (proc.returncode, err)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RLINF
+from tests.conftest import RLINF, wait_for_checkpoint
 from tests.cli.test_bad_input_e2e import _one_line_error
 
 QUICK = ["tracking.enabled=false", "progress=false"]
@@ -230,10 +230,10 @@ def test_a_checkpoint_the_disk_cannot_hold_is_removed_and_the_run_says_how_to_re
 def test_mlflow_holds_every_point_up_to_the_last_checkpoint_after_kill_9(workdir):
     """tracking.flush_s is long, yet each checkpoint sends the points before it; a later run in the
     same store marks the killed run KILLED (it was left RUNNING)."""
-    proc = subprocess.Popen([RLINF, "rl", "total_steps=1000000", "checkpoint.interval=2", "run_dir=run",
-                             "tracking.flush_s=100000", *TINY_RL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    _wait_for(workdir / "run/checkpoints/iter_000004", proc)
+    proc = subprocess.Popen([RLINF, "rl", "total_steps=1000000", "checkpoint.interval=2", "checkpoint.keep=100000",
+                             "run_dir=run", "tracking.flush_s=100000", *TINY_RL], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(workdir / "run", 4, proc)  # kept: iter_000004 is read below
     proc.kill()
     proc.communicate()
     state = json.loads((workdir / "run/checkpoints/iter_000004/trainer_state.json").read_text())
@@ -302,6 +302,8 @@ def test_every_stage_stops_the_same_way_on_sigint_and_sigterm(workdir, stage, si
         while not list((workdir / "rlinf_runs").glob(f"pipeline/*/{marker}")):
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             time.sleep(0.05)
+    elif stage == "rl":  # a periodic checkpoint is replaced within milliseconds: wait for it or a later one
+        wait_for_checkpoint(workdir / "run", int(marker.rsplit("_", 1)[1]), proc)
     else:
         _wait_for(workdir / marker, proc)
     proc.send_signal(sig)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RLINF
+from tests.conftest import RLINF, wait_for_checkpoint
 from tests.cli.test_bad_input_e2e import _one_line_error
 
 QUICK = ["tracking.enabled=false", "progress=false"]
@@ -276,9 +276,7 @@ def test_mlflow_history_equals_metrics_after_kill_and_resume(workdir, flush_s):
             "progress=false", "eval.episodes=1", f"tracking.flush_s={flush_s}"]
     proc = _start(args, workdir)
     t0 = time.time()
-    while not (workdir / "run/checkpoints/iter_000012").exists():
-        assert time.time() - t0 < 300 and proc.poll() is None, proc.stderr.read() if proc.poll() is not None else ""
-        time.sleep(0.02)
+    wait_for_checkpoint(workdir / "run", 12, proc, timeout=300 - (time.time() - t0))
     time.sleep(0.3)  # a few iterations past the checkpoint
     proc.kill()
     proc.communicate()

@@ -10,10 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_for_checkpoint
 
 # Not `numerics`: both launch paths run the same kernels on the same CPU, so their equality holds on
 # any CPU; make test-portable would only run these minutes-long tests twice more.
@@ -91,11 +92,7 @@ def test_a_killed_local_rank_stops_in_one_line_and_resumes_to_the_same_weights(t
     proc = subprocess.Popen([str(BIN / "rlinf"), "rl", *ARGS, "placement.trainer.ranks=2", "run_dir=killed"], cwd=base,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        deadline = time.time() + 600
-        while not (base / "killed" / "checkpoints" / "iter_000002").is_dir():
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.time() < deadline, "no checkpoint after 600 s"
-            time.sleep(0.1)
+        wait_for_checkpoint(base / "killed", 2, proc, timeout=600, poll=0.1)
         pid = _rank_pid(proc.pid, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)

@@ -15,10 +15,11 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_for_checkpoint
 
 # Not `numerics`: both launch paths run the same kernels on the same CPU, so their equality holds on
 # any CPU; make test-portable would only run these minutes-long tests twice more.
@@ -122,11 +123,7 @@ def _kill_rank(cluster, rank: int, run: Path, proc: subprocess.Popen) -> None:
     """Once the run has a checkpoint, kill rank ``rank``'s actor, as a lost process or node would end."""
     import ray
 
-    deadline = time.time() + 600
-    while not (run / "checkpoints" / "iter_000002").is_dir():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() < deadline, "no checkpoint after 600 s"
-        time.sleep(0.2)
+    wait_for_checkpoint(run, 2, proc, timeout=600, poll=0.2)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)

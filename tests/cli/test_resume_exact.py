@@ -11,12 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RLINF
+from tests.conftest import RLINF, wait_for_checkpoint
 
 pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
 
@@ -45,11 +44,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _kill_after(args: list[str], env: dict[str, str], marker: Path) -> None:
     proc = subprocess.Popen([RLINF, "rl", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    t0 = time.time()
-    while not marker.exists():
-        assert proc.poll() is None, f"the run ended before {marker.name} appeared: {proc.stderr.read()[-2000:]}"
-        assert time.time() - t0 < 300, f"{marker} never appeared"
-        time.sleep(0.02)
+    wait_for_checkpoint(marker.parent.parent, int(marker.name.split("_")[1]), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     proc.stderr.close()
