@@ -3,10 +3,12 @@ thread, so every stage stops the same way for both (its cleanup runs, MLflow rec
 KILLED), except inside a :func:`deferred` block, which the stop waits for.
 
 Why deferred blocks exist: an exception raised by a signal handler lands at whatever Python line
-is running. Inside an MLflow write that line can be SQLAlchemy's own cleanup, which then skips the
-rollback and returns a connection to its pool still holding sqlite's write lock; the next write
-(the stage's own KILLED record, or the next metric batch) waits 20 s for that lock and fails with
-"database is locked" and a logged traceback (seen in CI, about one stop in fifteen here).
+is running, SQLAlchemy's and MLflow's included. CI saw a stopped `rlinf sft` print "database is
+locked" with MLflow's logged traceback (here: 1 stop in 15 sent right after a checkpoint; 0 in 30
+with the writes deferred). The likely path, not traced line by line: a stop cut SQLAlchemy's
+cleanup, a connection went back to its pool still holding sqlite's write lock, and the next write
+waited out the 20 s busy timeout. Whatever the exact line, a write that is never cut cannot leave
+a lock behind.
 """
 
 from __future__ import annotations
