@@ -45,15 +45,20 @@ def _fmt(x: object) -> str:
 
 def run_stage(args: list[str], log: Path) -> dict:
     """One `rlinf` stage as a subprocess, its output appended to ``log``; returns its result.json
-    (with the wall time as ``wall_s``). A failed stage raises RuntimeError naming the log."""
+    (with the wall time as ``wall_s`` and the CPU time of the stage's processes as ``cpu_s``). A failed stage raises RuntimeError naming the log."""
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ rlinf {' '.join(args)}\n")
         f.flush()
-        proc = subprocess.run([RLINF, *args], stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([RLINF, *args], stdout=f, stderr=subprocess.STDOUT)
+        # wait4, not wait: the stage's CPU time (its own and its waited-for worker processes'),
+        # which threads running stages side by side cannot split out of RUSAGE_CHILDREN
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"rlinf {args[0]} failed (exit {proc.returncode}); see {log}")
     run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("run_dir="))
     result = json.loads((Path(run_dir) / "result.json").read_text())
     result["wall_s"] = time.time() - t0
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime
     return result

@@ -17,6 +17,9 @@
 #      evaluate agree (bf16: 0.05 nats), one PPO step with the torch engine and with DeepSpeed
 #      ZeRO-2, the instruction KV cache fresh after it; act ms per step with and without the cache
 #   7. `rlinf rl model=vla` on Meta-World, DeepSpeed ZeRO-2 bf16, the policy on the device
+#   8. GRPO with 2 generation workers sampling on the device, one weight version behind
+#      (placement.generation.workers=2 runtime.max_staleness=1): weights reach the workers after every
+#      update (executor=local: through shared memory; CUDA tensors need CUDA IPC there, untried)
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +29,7 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export MUJOCO_GL="${MUJOCO_GL:-egl}" OMP_NUM_THREADS=1
 ACCEL="${ACCEL:-cuda}"
-CASES="${CASES:-1 2 3 4 5 6 7}"  # the checks to run, e.g. CASES="6 7"
+CASES="${CASES:-1 2 3 4 5 6 7 8}"  # the checks to run, e.g. CASES="6 7"
 BF16=true; [ "$ACCEL" = cpu ] && BF16=false
 COMMON=(tracking.enabled=false progress=false quiet=true "accelerator=$ACCEL")
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
@@ -129,6 +132,21 @@ print(f\"{s[-1]['train/approx_kl']:.1e}\")" "$OUT/vla_rl" 2>/dev/null)
   [ -n "$kl" ] && row "7 rl model=vla, ZeRO-2 bf16=$BF16" PASS "2 PPO iterations, approx KL $kl, eval $(field "$OUT/vla_rl" "r['eval']['episodes']") episodes" $LAST_S \
     || row "7 rl model=vla, ZeRO-2 bf16=$BF16" FAIL "no finite PPO update in metrics.jsonl" $LAST_S
 else row "7 rl model=vla, ZeRO-2 bf16=$BF16" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
+
+if want 8; then
+if timed "$RLINF" rl --algo grpo "${COMMON[@]}" sim=arithmetic sim.digits=2 model=hf text.iterations=4 algo.groups=4 \
+    algo.group_size=4 eval.episodes=8 placement.generation.workers=2 runtime.max_staleness=1 run_dir="$OUT/gen_workers"; then
+  lag=$("$PY" -c "
+import json, sys
+m = [json.loads(x) for x in open(sys.argv[1] + '/metrics.jsonl')]
+lag = [x['rollout/weight_version_lag'] for x in m if 'rollout/weight_version_lag' in x]
+sync = [x['time/weight_sync_s'] for x in m if 'time/weight_sync_s' in x]
+assert lag == [0.0, 1.0, 1.0, 1.0], lag
+print(f'lag {lag}, weight sync {max(sync) * 1e3:.0f} ms at most')" "$OUT/gen_workers" 2>/dev/null)
+  [ -n "$lag" ] && row "8 generation workers, max_staleness=1" PASS "$lag" $LAST_S \
+    || row "8 generation workers, max_staleness=1" FAIL "weight_version_lag not [0, 1, 1, 1] in metrics.jsonl" $LAST_S
+else row "8 generation workers, max_staleness=1" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
 fi
 
 echo

@@ -10,7 +10,9 @@ own run directory and MLflow store.
     python benchmarks/metaworld_pipeline.py --tasks reach-v3 --ppo-steps 20000 --grpo-steps 20000
 
 Prints one table: success (success_once, over --eval-episodes held-out seeds) of expert, SFT,
-SFT+PPO and SFT+GRPO per task and on average, and the wall time of each stage.
+SFT+PPO and SFT+GRPO per task and on average, and the wall time of each stage. An RL row is the
+run's kept policy (best on validation seeds, the clone included: what `rlinf pipeline` hands on);
+``--last`` evaluates the last policy instead, as the tables before 2026-12-04 did.
 
 ``--sac-steps N`` adds the off-policy counterpart: `rlinf rl algo=sac demos=<the same demos>`
 for N env steps from a fresh policy (RLPD-style: half of every batch from the demonstrations,
@@ -32,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import run_stage as run  # noqa: E402
+from _common import run_stage  # noqa: E402
 
 # Five tasks where 3 demonstrations leave the cloned policy room to improve, and one it already
 # solves (RL must not break it). Grasping tasks (pick-place, peg-unplug-side, hammer) are not
@@ -43,34 +45,54 @@ EVAL_SEED = 1_000_000  # evaluation seeds: far from the collect (0..) and traini
 
 
 
-def pipeline(task: str, a: argparse.Namespace) -> dict:
-    root = Path(a.out) / task
+def kept(result: dict) -> str:
+    """The policy an rl stage hands on: its kept one (best on validation, eval.best) or its last."""
+    return (result.get("best") or {}).get("checkpoint") or result["checkpoint"]
+
+
+def pipeline(task: str, a: argparse.Namespace, seed: int = 0, root: Path | None = None) -> dict:
+    """One task end to end at one seed (the demonstrations, SFT and RL all draw from it)."""
+    root = root or Path(a.out) / task
     root.mkdir(parents=True, exist_ok=True)
     log = root / "log.txt"
     common = ["progress=false", f"runs_dir={root / 'rlinf_runs'}"]
+    last = getattr(a, "last", False)
+    rl_common = [f"seed={seed}", *(["eval.best=false"] if last else []), *getattr(a, "rl", [])]
     sim = ["sim=metaworld", f"sim.task={task}", f"sim.max_episode_steps={a.max_episode_steps}"]
     data = root / "data"
     times: dict[str, float] = {}
-    res = run(["collect", *sim, *common, "policy=expert", "only_success=true", f"episodes={a.demos}", f"num_envs={a.demos}",
-               f"output={data}", f"run_dir={root / 'collect'}"], log)
+    cpu = 0.0  # CPU seconds of every stage's processes
+
+    def run(args: list[str], log: Path) -> dict:
+        nonlocal cpu
+        res = run_stage(args, log)
+        cpu += res["cpu_s"]
+        return res
+
+    res = run(["collect", *sim, *common, "policy=expert", "only_success=true", f"seed={seed * 10_000}",
+               f"episodes={a.demos}", f"num_envs={a.demos}", f"output={data}", f"run_dir={root / 'collect'}"], log)
     times["collect"] = res["wall_s"]
-    res = run(["sft", *common, f"dataset={data}", f"model.hidden_sizes={a.hidden}", f"algo.epochs={a.sft_epochs}",
+    res = run(["sft", *common, f"seed={seed}", f"dataset={data}", f"model.hidden_sizes={a.hidden}", f"algo.epochs={a.sft_epochs}",
                "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft'}"], log)
     times["sft"] = res["wall_s"]
     sft = res["checkpoint"]
     ckpts = {"expert": "expert", "SFT": sft}
+    kept_by: dict[str, str] = {}
     for algo, steps, extra in (("ppo", a.ppo_steps, a.ppo), ("grpo", a.grpo_steps, a.grpo)):
         if steps <= 0:
             continue
         res = run(["rl", "--algo", algo, *common, f"init={sft}", f"total_steps={steps}", "eval.episodes=0",
-                   f"run_dir={root / algo}", *extra], log)
+                   f"run_dir={root / algo}", *rl_common, *extra], log)
         times[algo] = res["wall_s"]
-        ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"]
+        ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"] if last else kept(res)
+        kept_by[f"SFT+{algo.upper()}"] = "last" if last else res.get("kept", "last")
     if a.sac_steps > 0:  # off-policy from the same demonstrations (no SFT: the demos seed its batches)
         res = run(["rl", "--algo", "sac", *sim, *common, f"demos={data}", f"total_steps={a.sac_steps}",
-                   f"model.hidden_sizes={a.hidden}", "eval.episodes=0", f"run_dir={root / 'sac'}", *a.sac], log)
+                   f"model.hidden_sizes={a.hidden}", "eval.episodes=0", f"run_dir={root / 'sac'}",
+                   *rl_common, *a.sac], log)
         times["sac"] = res["wall_s"]
-        ckpts["SAC+demos"] = res["checkpoint"]
+        ckpts["SAC+demos"] = res["checkpoint"] if last else kept(res)
+        kept_by["SAC+demos"] = "last" if last else res.get("kept", "last")
     success: dict[str, float] = {}
     t0 = time.time()
     for label, ckpt in ckpts.items():
@@ -78,8 +100,8 @@ def pipeline(task: str, a: argparse.Namespace) -> dict:
                    f"run_dir={root / 'eval' / label.replace('+', '_')}"], log)
         success[label] = res["eval"]["success_once"]
     times["eval"] = time.time() - t0
-    print(f"[{task}] " + "  ".join(f"{k} {v:.0%}" for k, v in success.items()), flush=True)
-    return {"task": task, "success": success, "seconds": times}
+    print(f"[{task} seed {seed}] " + "  ".join(f"{k} {v:.0%}" for k, v in success.items()), flush=True)
+    return {"task": task, "seed": seed, "success": success, "seconds": times, "kept": kept_by, "cpu_s": cpu}
 
 
 def table(rows: list[dict], a: argparse.Namespace, wall: float) -> str:
@@ -124,6 +146,8 @@ def main() -> None:
     p.add_argument("--sac", nargs="*", default=["num_envs=1", "algo.warmup_steps=0", "algo.init_temperature=0.05",
                                                  "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000"],
                    help="extra overrides for the SAC stage")
+    p.add_argument("--last", action="store_true", help="evaluate each RL run's last policy, not its kept one "
+                   "(best on validation, the clone included: what `rlinf pipeline` hands on)")
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--jobs", type=int, default=2, help="tasks run in parallel")
     p.add_argument("--out", default="rlinf_runs/bench_metaworld/" + time.strftime("%Y%m%d-%H%M%S"))

@@ -21,26 +21,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RLINF = [sys.executable, "-m", "rlinf_cli"]
 ARMS = {"calculator": "[calculator]", "none": "[]"}
-MODEL = ["model=hf", "model.preset=smollm2"]
+MODEL = ["model=hf", "model.preset=smollm2", "model.gradient_checkpointing=true"]
+# gradient checkpointing: without it the calculator arm's SFT (transcripts with the template's tool
+# description, the call and the result; minibatches of 16) grew past 10.7 GB resident and was killed
+# for memory beside two other runs (2026-12-04)
 
 
 def run(cmd: list[str], log: Path) -> float:
-    """Run one CLI stage; returns the CPU seconds it (and its children) used."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run one CLI stage; returns the CPU seconds its process used (its own rusage: arms may run side by side)."""
     with log.open("w") as fh:
-        subprocess.run(cmd, check=True, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                       env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd[2:4])} failed (exit {proc.returncode}): see {log}")
+    return usage.ru_utime + usage.ru_stime
 
 
 def evals(run_dir: Path) -> list[dict]:
@@ -52,12 +57,16 @@ def arm(name: str, a: argparse.Namespace, work: Path) -> dict:
     sim = ["sim=word_problems", f"sim.tools={ARMS[name]}"]
     quiet = ["progress=false", f"seed={a.seed}"]
     data = work / f"{name}.jsonl"
-    cpu = {"collect": run([*RLINF, "collect", *sim, "policy=expert", f"episodes={a.rows}", f"output={data}", *quiet],
-                          work / f"{name}-collect.log")}
     sft_dir, rl_dir = work / f"{name}-sft", work / f"{name}-rl"
-    cpu["sft"] = run([*RLINF, "sft", f"dataset={data}", *MODEL, f"model.lora.r={a.lora_r}", f"algo.lr={a.sft_lr}",
-                      f"algo.epochs={a.sft_epochs}", f"algo.minibatch_size={a.minibatch}", "eval.episodes=0",
-                      f"run_dir={sft_dir}", *quiet], work / f"{name}-sft.log")
+    cpu: dict[str, float | None] = {}
+    if a.reuse_sft and (sft_dir / "checkpoints" / "best" / "config.json").is_file():
+        cpu["collect"] = cpu["sft"] = None  # made by an earlier run of this script (its CPU not known here)
+    else:
+        cpu["collect"] = run([*RLINF, "collect", *sim, "policy=expert", f"episodes={a.rows}", f"output={data}", *quiet],
+                             work / f"{name}-collect.log")
+        cpu["sft"] = run([*RLINF, "sft", f"dataset={data}", *MODEL, f"model.lora.r={a.lora_r}", f"algo.lr={a.sft_lr}",
+                          f"algo.epochs={a.sft_epochs}", f"algo.minibatch_size={a.minibatch}", "eval.episodes=0",
+                          f"run_dir={sft_dir}", *quiet], work / f"{name}-sft.log")
     cpu["rl"] = run([*RLINF, "rl", "--algo", "grpo", f"init={sft_dir}/checkpoints/best", *sim,
                      f"text.iterations={a.iterations}", f"algo.groups={a.groups}", f"algo.group_size={a.group_size}",
                      "algo.epochs=1", f"algo.lr={a.rl_lr}", f"eval.episodes={a.eval}", f"eval.interval={a.iterations}",
@@ -66,7 +75,7 @@ def arm(name: str, a: argparse.Namespace, work: Path) -> dict:
     first, last = ev[0], ev[-1]
     return {"arm": name, "after_sft": first["eval/accuracy"], "after_rl": last["eval/accuracy"],
             "tool_calls": last.get("eval/tool_calls_mean", 0.0), "tool_call_success": last.get("eval/tool_call_success"),
-            "turns": last.get("eval/turns_mean"), "cpu_s": {k: round(v) for k, v in cpu.items()}}
+            "turns": last.get("eval/turns_mean"), "cpu_s": {k: None if v is None else round(v) for k, v in cpu.items()}}
 
 
 def main() -> None:
@@ -84,17 +93,23 @@ def main() -> None:
     p.add_argument("--eval", type=int, default=200, help="held-out problems")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench_runs/tools_vs_no_tools"))
+    p.add_argument("--reuse-sft", action="store_true", help="keep an arm's SFT checkpoint from an earlier run in --out")
+    p.add_argument("--parallel", action="store_true", help="run the arms side by side (one core each: OMP_NUM_THREADS=1)")
     a = p.parse_args()
     work = a.out.resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    rows = [arm(name, a, work) for name in a.arms]
+    if a.parallel:
+        with ThreadPoolExecutor(len(a.arms)) as pool:  # threads only wait on each arm's CLI subprocesses
+            rows = list(pool.map(lambda name: arm(name, a, work), a.arms))
+    else:
+        rows = [arm(name, a, work) for name in a.arms]
     print(f"{'arm':<11} {'after SFT':>9} {'after RL':>9} {'calls/ep':>8} {'call ok':>8} {'turns':>6}  cpu s (collect/sft/rl)")
     for r in rows:
         ok = "-" if r["tool_call_success"] is None else f"{r['tool_call_success']:.1%}"
         c = r["cpu_s"]
         print(f"{r['arm']:<11} {r['after_sft']:>9.1%} {r['after_rl']:>9.1%} {r['tool_calls']:>8.2f} {ok:>8} "
-              f"{r['turns'] or 0:>6.2f}  {c['collect']}/{c['sft']}/{c['rl']}")
+              f"{r['turns'] or 0:>6.2f}  {c['collect'] or '-'}/{c['sft'] or '-'}/{c['rl']}")
     by = {r["arm"]: r for r in rows}
     if len(by) == 2:
         gap = by["calculator"]["after_rl"] - by["none"]["after_rl"]

@@ -260,7 +260,7 @@ class Executor(Protocol):
     def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv: ...
 
     def describe(self) -> str: ...
-    # Optional (API 1.3): ``start_ranks(job)``, ``cluster_report()`` (docs/plugins.md, "Executors").
+    # Optional: start_ranks, cluster_report (API 1.3), start_generation_workers, publish_weights (1.4): docs/plugins.md
 
 
 class Accelerator(Protocol):
@@ -416,14 +416,15 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     # accelerators
     "TorchBackend": ("rlinf_cli.accel", "TorchBackend"),
     "select_accelerator": ("rlinf_cli.stages.common", "select_accelerator"),
-    # executors: the core places and hosts the envs (WorkerExecutor.make_vec_env); an executor
-    # starts the workers of a WorkerPlan and returns their handles
+    # executors: the core places and hosts the envs (WorkerExecutor.make_vec_env); an executor starts workers
     **{n: ("rlinf_cli.runtime.hosting", n) for n in ("WorkerExecutor", "WorkerPlan")},
     **{n: ("rlinf_cli.runtime.workers", n) for n in ("WorkerHandle", "WorkerDied", "RemoteError")},
     "EnvWorker": ("rlinf_cli.runtime.env_worker", "EnvWorker"),
     "start_processes": ("rlinf_cli.runtime.procs", "start_processes"),
     "cpu_cores": ("rlinf_cli.runtime.placement", "cpu_cores"),  # and trainer ranks (API 1.3):
     **{n: ("rlinf_cli.stages.ranks", n) for n in ("RankJob", "RankDied", "TrainerPlacement", "run_rank")},
+    **{n: (f"rlinf_cli.runtime.{m}", n) for m, n in (("generation", "GenerationPlan"), ("generation", "GenerationPlacement"),
+       ("gen_worker", "GenerationWorker"), ("gen_worker", "start_generation_processes"))},  # generation workers (API 1.4)
     # simulators, batched and hosted
     "SingleFromBatched": ("rlinf_cli.runtime.batched", "SingleFromBatched"),
     "wire": ("rlinf_cli.remote.wire", None),

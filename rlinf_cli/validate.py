@@ -59,6 +59,8 @@ STAGE_RULES: dict[str, list[Rule]] = {
         ("eval.interval", *_NON_NEGATIVE),
         ("eval.val_episodes", *_POSITIVE),
         ("text.iterations", *_POSITIVE),
+        ("placement.generation.workers", _at_least(0), "an integer >= 0"),
+        ("runtime.max_staleness", _at_least(0), "an integer >= 0"),
     ],
     "collect": [
         ("episodes", *_POSITIVE),
@@ -168,6 +170,7 @@ def validate(stage: str, cfg: Any) -> None:
     if stage == "rl":
         check_best(cfg)
         check_budget(cfg)
+        check_generation(cfg)
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -214,6 +217,26 @@ def _check_tracking(cfg: Any) -> None:
         if value is not None and len(str(value)) > limit:
             raise UserError(f"bad value for 'tracking.{key}': {shown(value)} is {len(str(value)):,} characters "
                             f"long; MLflow takes at most {limit}")
+
+
+def check_generation(cfg: Any) -> None:
+    """Generation workers sample a language model's rollouts: a text task's, with weights every worker
+    can be given (not ZeRO-3's partitions); ``runtime.max_staleness`` is theirs to honour."""
+    workers = int(((cfg.get("placement") or {}).get("generation") or {}).get("workers") or 0)
+    staleness = int((cfg.get("runtime") or {}).get("max_staleness") or 0)
+    if staleness and not workers:
+        raise UserError(f"runtime.max_staleness={staleness} lets generation workers sample during the update; there "
+                        f"are none: set placement.generation.workers=N (text tasks), or runtime.max_staleness=0")
+    if not workers:
+        return
+    if not _text_task(cfg):
+        raise UserError(f"placement.generation.workers={workers} runs a language model's sampling in generation "
+                        f"workers: it needs a text task (sim=arithmetic, jsonl, ...), and sim={cfg.sim.name} is not "
+                        f"one; for a simulator's envs use runtime.mode=disaggregated (runtime.env_workers)")
+    train = cfg.get("train") or {}
+    if str(train.get("backend")) == "deepspeed" and int(train.get("zero_stage") or 0) == 3:
+        raise UserError("placement.generation.workers needs every weight on each rank to send to its workers; "
+                        "train.zero_stage=3 partitions them: use zero_stage 0-2, or placement.generation.workers=0")
 
 
 def check_budget(cfg: Any) -> None:

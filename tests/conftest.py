@@ -69,8 +69,9 @@ HEAVY_FILES = {"test_vla_learning.py": 130, "test_release.py": 270, "test_faults
                "test_resume_exact.py": 165, "test_sac.py": 160, "test_rl_backends.py": 140,
                "test_normalize.py": 130, "test_executor_ray.py": 100, "test_bad_input_e2e.py": 95,
                "test_bf16.py": 90, "test_text_cli.py": 150, "test_vla_cli.py": 70, "test_robot.py": 70,
-               "test_rl_best.py": 45, "test_fault_drills.py": 60, "test_ray_trainer_ranks.py": 300,
-               "test_local_trainer_ranks.py": 120, "test_flow_learning.py": 90}
+               "test_rl_best.py": 45, "test_fault_drills.py": 60, "test_ray_trainer_ranks.py": 420,
+               "test_local_trainer_ranks.py": 120, "test_flow_learning.py": 90,
+               "test_generation_workers.py": 200, "test_ray_head_loss.py": 60}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

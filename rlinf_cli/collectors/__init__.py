@@ -19,7 +19,7 @@ from rlinf_cli.data import lerobot
 from rlinf_cli.data.dataset import read_meta
 from rlinf_cli.errors import UserError
 from rlinf_cli.registry import get_registry
-from rlinf_cli.settings import plain
+from rlinf_cli.settings import build as settings_of, plain
 
 __all__ = ["Evaluation", "World", "check_pipeline", "make", "dataset_source", "settings", "training_seeds"]
 
@@ -56,7 +56,8 @@ def settings(cfg: Any, device: Any) -> RoleSettings:
                                 iterations=_int(text.get("iterations")), max_new_tokens=new_tokens,
                                 init=get("init"), demos=get("demos"), normalize=plain(env) if env is not None else None,
                                 overlap_update=bool((get("runtime") or {}).get("overlap_update", False)),
-                                progress=bool(get("progress", True))),
+                                progress=bool(get("progress", True)), generation=_generation(cfg),
+                                max_staleness=int((get("runtime") or {}).get("max_staleness", 0) or 0)),
         eval=EvalSettings(num_envs=num_envs, max_new_tokens=new_tokens),
         record=RecordSettings(seed=seed, num_envs=num_envs, deterministic=bool(get("deterministic", True)),
                               action_noise=float(get("action_noise", 0.0)), epsilon=float(get("epsilon", 0.0)),
@@ -64,6 +65,14 @@ def settings(cfg: Any, device: Any) -> RoleSettings:
                               sim_name=(get("sim") or {}).get("name"), samples=int(text.get("samples", 1)),
                               max_new_tokens=new_tokens, text=get("text")),
     )
+
+
+def _generation(cfg: Any) -> Any:
+    """``placement.generation`` (rl's config), or None where the stage has none."""
+    from rlinf_cli.runtime.generation import GenerationPlacement
+
+    node = (cfg.get("placement") or {}).get("generation")
+    return None if node is None else settings_of(GenerationPlacement, node, "placement.generation")
 
 
 def _int(value: Any) -> int | None:

@@ -62,6 +62,8 @@ class RolloutSettings:
     normalize: dict[str, Any] | None = None  # the ``env`` node (normalize_obs, clip_obs, ...)
     overlap_update: bool = False
     progress: bool = True
+    generation: Any = None  # placement.generation (runtime/generation.py: GenerationPlacement); None = none
+    max_staleness: int = 0  # runtime.max_staleness: weight versions a generation worker's samples may lag
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -44,6 +44,18 @@ class Completion:
     turn_start: int = 0  # where the last model turn begins in tokens
     tool_calls: int = 0  # calls the toolbox ran or refused
     tool_errors: list[str] = field(default_factory=list)  # the kind of each call that returned no result
+    weight_version: int = 0  # the policy's version (updates done) it was sampled with
+
+
+class Part(NamedTuple):
+    """Where the samples of one generation worker's request lie in the rollout's batch (text_gen.py):
+    its completions are rows ``first..`` of ``total``; the batch's longest prompt has ``width``
+    tokens, and ``padded``: some prompt has fewer."""
+
+    first: int
+    total: int
+    width: int
+    padded: bool
 
 
 @dataclass
@@ -54,6 +66,8 @@ class RolloutStats:
     groups_dropped: int = 0
     groups_kept: int = 0
     seen: list[Completion] = field(default_factory=list)
+    version: int = 0  # the trainer's weight version (updates done) when the rollout was collected
+    overlap: tuple[float, float, float] = (0.0, 0.0, 0.0)  # generation workers: busy s, of which during the update, fraction
 
 
 def prompt_ids(policy: Any, texts: Sequence[str], schemas: Sequence[Any] = ()) -> list[list[int]]:
@@ -69,13 +83,16 @@ def prompt_ids(policy: Any, texts: Sequence[str], schemas: Sequence[Any] = ()) -
 
 def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample], group_size: int,
                        max_new_tokens: int, greedy: bool = False, generator: torch.Generator | None = None,
-                       tools: Toolbox = NO_TOOLS, values: bool = False) -> list[Completion]:
+                       tools: Toolbox = NO_TOOLS, values: bool = False, part: Part | None = None) -> list[Completion]:
     """``group_size`` completions per sample (rows grouped by sample), tool turns included, scored.
 
     A turn ends at eos, a stop string (a tool call's closing tag among them) or ``max_new_tokens``.
     After a turn that calls a tool, the call's result is appended (context: loss mask 0, log-prob 0)
     and the model writes the next turn, up to ``task.max_turns`` turns and ``task.max_episode_tokens``.
     ``values``: record the critic's value before each token too (``Completion.values``).
+    ``part``: these samples are a generation worker's part of a larger batch; the policy's
+    ``generate(..., part=(rows, total, width, padded))`` samples their rows as the whole batch would
+    (the first turn exactly; later turns draw their rows' noise of that batch, decorrelated).
     """
     prompts = prompt_ids(policy, [s.prompt for s in samples], tools.schemas)
     stop = tuple(task.stop) + ((toolcalls.CALL_CLOSE,) if tools else ())
@@ -83,8 +100,9 @@ def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample
     out = [Completion(samples[i // group_size], [], [], [], [] if values else None,
                       prompt_ids=list(prompts[i // group_size])) for i in range(len(samples) * group_size)]
     critic = {"values": True} if values else {}  # only then: text policies without a critic need not know it
+    row = {id(c): i for i, c in enumerate(out)}
     gen = policy.generate(prompts, samples=group_size, max_new_tokens=_cap(max_new_tokens, budget), greedy=greedy,
-                          stop=stop, generator=generator, **critic)
+                          stop=stop, generator=generator, **critic, **_part_of(part, row, out, True))
     _append_turns(out, gen, budget)
     active: Sequence[Completion] = out  # the rows whose last model turn was just written
     for _turn in range(1, int(task.max_turns)):
@@ -94,13 +112,23 @@ def sample_completions(policy: Any, task: TextTask, samples: Sequence[TextSample
         left = max(int(budget) - len(c.tokens) for c in pending) if budget else max_new_tokens
         more = policy.generate([c.prompt_ids + c.tokens for c in pending], samples=1,
                                max_new_tokens=min(max_new_tokens, left), greedy=greedy, stop=stop, generator=generator,
-                               **critic)
+                               **critic, **_part_of(part, row, pending, False))
         _append_turns(pending, more, budget)
         active = pending
     for c in out:
         c.text = policy.decode(c.tokens)
         c.score = task.score(c.sample, c.text)
     return out
+
+
+def _part_of(part: Part | None, row: dict[int, int], rows: Sequence[Completion], first_turn: bool) -> dict[str, Any]:
+    """``generate``'s ``part=`` for ``rows`` (none without a part). Later turns are batches of the rows
+    that called a tool, across all workers in one process: a part draws its rows' noise of the whole
+    batch (no two rows share it) but cannot pad like a batch it does not see."""
+    if part is None:
+        return {}
+    rows_of = [part.first + row[id(c)] for c in rows]
+    return {"part": (rows_of, part.total, part.width, part.padded) if first_turn else (rows_of, part.total, 0, False)}
 
 
 def _cap(max_new_tokens: int, budget: int | None) -> int:

@@ -48,7 +48,7 @@ def text_world(task_node: Any, settings: RoleSettings, ctx: Any) -> World:
         for line in tools.describe():  # which limits and isolation are in force, on this machine
             getattr(ctx, "note", print)(line)
     policies = TextPolicies(settings.policy)
-    return World("text", policies, TextRollout(task, settings.rollout, tools), GroupBatches(),
+    return World("text", policies, TextRollout(task, settings.rollout, tools, settings.env), GroupBatches(),
                  TextEvaluator(task, policies, settings.eval, tools),
                  TextRecorder(task, policies, settings.record, settings.policy.device, tools),
                  lambda: TEXT_SPEC, lambda: label)

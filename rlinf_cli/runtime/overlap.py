@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from rlinf_cli.experience import Experience
+from rlinf_cli.runtime.shm import SharedTensors
 
 
 def _rollout_main(conn: Any, sim_bytes: bytes, policy_cls: type, model_cfg: dict, spec: dict,
-                  weights: dict[str, torch.Tensor], num_envs: int, seed: int, executor: tuple[type, dict] | None) -> None:
+                  weights: Mapping[str, torch.Tensor], num_envs: int, seed: int, executor: tuple[type, dict] | None) -> None:
     torch.set_num_threads(1)
     try:
         from rlinf_cli.api import EnvSpec
@@ -83,7 +84,7 @@ class OverlappedRunner:
         self.seeds_at = seeds_at
         self.iteration = start_iteration
         # shared-memory copies of the weights: the driver writes them only while no rollout runs
-        self.weights = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in policy.state_dict().items()}
+        self.weights = SharedTensors(policy.state_dict())  # packed: one descriptor per dtype (runtime/shm.py)
         ctx = tmp.get_context(start_method)
         self.conn, child = ctx.Pipe(duplex=True)
         # not a daemon: its executor may start env workers of its own
@@ -108,9 +109,7 @@ class OverlappedRunner:
         return payload
 
     def _request(self, num_steps: int) -> None:
-        with torch.no_grad():
-            for k, v in self.policy.state_dict().items():
-                self.weights[k].copy_(v)
+        self.weights.write(self.policy.state_dict())
         seeds = self.seeds_at(self.iteration)
         self.conn.send(("collect", num_steps, None if seeds is None else list(seeds)))
         self._pending = True

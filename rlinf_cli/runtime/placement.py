@@ -41,6 +41,7 @@ class RuntimeConfig:
     max_restarts: int = 3  # crashes recovered per env worker (each has its own budget); 0 = fail on the first
     worker_timeout_s: float = 300.0  # a worker silent this long counts as crashed
     overlap_update: bool = False  # rl: next rollout collected during the update (read by the rl stage)
+    max_staleness: int = 0  # rl, generation workers: weight versions samples may lag (read by the text rollout)
     obs_compression: str = "none"  # none | lz4 | zstd (from env.obs_compression)
     obs_delta: bool = False  # XOR-delta for uint8 images (from env.obs_delta)
     compression_level: int = 1  # zstd level (from env.compression_level)
@@ -51,6 +52,8 @@ class RuntimeConfig:
             raise ValueError(f"runtime.mode must be one of {', '.join(MODES)}, got '{self.mode}'")
         if self.pipeline_stages < 1 or self.env_workers < 0:
             raise ValueError("runtime.pipeline_stages must be >= 1 and runtime.env_workers >= 0")
+        if self.max_staleness < 0:
+            raise ValueError(f"runtime.max_staleness must be >= 0, got {self.max_staleness}")
         if self.start_method not in ("forkserver", "spawn", "fork"):
             raise ValueError(f"runtime.start_method must be forkserver, spawn or fork, got '{self.start_method}'")
         if self.obs_compression not in CODECS:

@@ -87,6 +87,22 @@ def worker_main(conn: Any, sim_bytes: bytes, shards: list[tuple[int, int]], auto
     except BaseException:
         _send(conn, ("error", traceback.format_exc()))
         return
+    serve(conn, worker)
+
+
+def hosted_main(conn: Any, factory: Callable[..., Any], args: tuple, environ: dict[str, str]) -> None:
+    """Entry point of a process hosting ``factory(*args)`` (a generation worker): serve it until ``close``."""
+    os.environ.update(environ)
+    try:
+        worker = factory(*args)
+    except BaseException:
+        _send(conn, ("error", traceback.format_exc()))
+        return
+    serve(conn, worker)
+
+
+def serve(conn: Any, worker: Any) -> None:
+    """Say ready, then run ``worker.<method>(*args)`` for each request until ``close`` or the driver goes."""
     _send(conn, ("ok", os.getpid()))
     while True:
         try:
@@ -130,14 +146,14 @@ def _main_not_rerun() -> Iterator[None]:
         main.__file__ = saved
 
 
-class ProcessWorker:
-    """A :class:`~rlinf_cli.runtime.workers.WorkerHandle` for one local worker process."""
+class ChildProcess:
+    """A :class:`~rlinf_cli.runtime.workers.WorkerHandle` for one local process running
+    ``target(conn, *args)`` (a serving loop: :func:`worker_main`, :func:`hosted_main`)."""
 
-    def __init__(self, index: int, ctx: Any, sim_bytes: bytes, shards: Sequence[tuple[int, int]], autoreset: bool,
-                 codec: CodecConfig, shm_name: str | None, num_envs: int, timeout_s: float):
+    def __init__(self, index: int, ctx: Any, target: Callable[..., None], args: tuple, timeout_s: float, name: str):
         self.index = index
         self._ctx = ctx
-        self._args = (sim_bytes, [tuple(s) for s in shards], autoreset, codec, shm_name, num_envs, dict(os.environ))
+        self._target, self._args, self._name = target, args, name
         self.timeout_s = timeout_s
         self.generation = 0
         self.proc: Any = None
@@ -148,8 +164,7 @@ class ProcessWorker:
     def start(self) -> None:
         """Launch the process (does not wait for it to be ready: see :meth:`wait_ready`)."""
         parent, child = self._ctx.Pipe(duplex=True)
-        self.proc = self._ctx.Process(target=worker_main, args=(child, *self._args), daemon=True,
-                                      name=f"rlinf-env-worker-{self.index}")
+        self.proc = self._ctx.Process(target=self._target, args=(child, *self._args), daemon=True, name=self._name)
         with _main_not_rerun():
             self.proc.start()
         child.close()
@@ -231,6 +246,15 @@ class ProcessWorker:
         if status == "error":
             raise RemoteError(payload)
         return payload
+
+
+class ProcessWorker(ChildProcess):
+    """The handle of one local env-worker process (:func:`worker_main`)."""
+
+    def __init__(self, index: int, ctx: Any, sim_bytes: bytes, shards: Sequence[tuple[int, int]], autoreset: bool,
+                 codec: CodecConfig, shm_name: str | None, num_envs: int, timeout_s: float):
+        args = (sim_bytes, [tuple(s) for s in shards], autoreset, codec, shm_name, num_envs, dict(os.environ))
+        super().__init__(index, ctx, worker_main, args, timeout_s, f"rlinf-env-worker-{index}")
 
 
 def start_workers(simulator: Any, shard_lists: list[list[tuple[int, int]]], autoreset: bool, codec: CodecConfig,

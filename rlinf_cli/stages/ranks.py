@@ -63,6 +63,7 @@ class RankJob:
     trainer: TrainerPlacement
     cwd: str  # the driver's working directory: relative paths (runs_dir, init=) mean the same on every rank
     run_dir: str  # where rank 0 writes the run (absolute)
+    generation: Any = None  # placement.generation (GenerationPlacement): each rank's generation workers (API 1.4)
 
     @property
     def ranks(self) -> int:
@@ -124,9 +125,13 @@ def rank_job(stage: str, cfg: Any, trainer: TrainerPlacement) -> RankJob:
 
     resume = Path(cfg.resume) if cfg.get("resume") else None
     run_dir = resumed_run_dir(cfg, resume) or make_run_dir(cfg, stage, f"{cfg.sim.name}-{cfg.algo.name}")
+    from rlinf_cli.runtime.generation import GenerationPlacement
+
     with open_dict(cfg):
         cfg.run_dir = str(Path(run_dir).resolve())
-    return RankJob(stage, OmegaConf.to_yaml(cfg, resolve=True), trainer, os.getcwd(), cfg.run_dir)
+    node = (cfg.get("placement") or {}).get("generation")
+    generation = settings.build(GenerationPlacement, node, "placement.generation") if node is not None else None
+    return RankJob(stage, OmegaConf.to_yaml(cfg, resolve=True), trainer, os.getcwd(), cfg.run_dir, generation)
 
 
 def resume_note(run_dir: Path) -> str:

@@ -167,11 +167,8 @@ def iterate(run: Run) -> dict[str, float]:
 def checkpoint(run: Run, name: str) -> Path:
     from rlinf_cli import checkpoint as ckpt
 
-    # MLflow gets every point logged so far first: a run killed after this checkpoint has sent
-    # all the points up to it, as metrics.jsonl has (docs/runtime.md, tracking after a kill)
-    run.tracker.flush()
     try:
-        return common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
+        path = common.save_checkpoint(run.ctx.run_dir / "checkpoints" / name, run.policy, run.cfg_yaml, run.engine,
                                       {**run.state, "mlflow_run_id": run.tracker.run_id}, run.generator, run.world.rollout,
                                       run.rank)
     except ckpt.CheckpointWriteError as exc:  # the run ends here: say where it can go on from
@@ -179,6 +176,11 @@ def checkpoint(run: Run, name: str) -> Path:
         then = f"free space, then resume with: rlinf rl resume={last}" if last else \
             "no checkpoint was written before this one: free space and run the command again"
         raise UserError(f"{exc}; {then}") from exc
+    # MLflow gets every point up to the checkpoint once it is on disk, not before: a kill inside
+    # the save then leaves MLflow short of points (a resume sends them, same run), never holding
+    # points past the checkpoint it resumes from (which forces a rebuild under a new run id).
+    run.tracker.flush()
+    return path
 
 
 def evaluate(run: Run, tag: str = "final", kind: str = "") -> Any:

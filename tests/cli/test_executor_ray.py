@@ -96,3 +96,48 @@ def test_ray_actor_death_is_recovered(capsys) -> None:
         assert sb.obs["state"][:, 2].tolist() == [1.0, 1.0, 3.0, 3.0]
     finally:
         env.close()
+
+
+@pytest.mark.slow
+def test_ray_generation_workers_equal_sampling_in_the_trainer_through_a_kill(workdir) -> None:
+    """placement.generation.workers=2 executor=ray: the workers are actors, the policy's files and each
+    weight version go through the object store; an actor killed with -9 mid-run is replaced, sent the
+    current weights and its request again, and the synchronous run still equals the in-process one."""
+    import os
+    import signal
+
+    import psutil
+
+    from generation_runs import GRPO, RLINF, assert_same_run, column, splits
+
+    grpo = [*GRPO, "text.iterations=5"]
+    ref = subprocess.run([RLINF, "rl", *grpo, "run_dir=ref"], cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = subprocess.Popen([RLINF, "rl", *grpo, "executor=ray", "placement.generation.workers=2", "run_dir=ray"],
+                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics, deadline = workdir / "ray" / "metrics.jsonl", time.time() + 600
+        while not (metrics.is_file() and '"iteration": 1.0' in metrics.read_text()):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        # this run's actors (its local Ray cluster is its child), not another Ray test's beside it under xdist
+        def cmdline(p: psutil.Process) -> str:
+            try:
+                return " ".join(p.cmdline())
+            except psutil.Error:  # a short-lived helper that ended while we looked
+                return ""
+
+        actors = [p for p in psutil.Process(proc.pid).children(recursive=True) if "RayGenerationWorker" in cmdline(p)]
+        assert len(actors) == 2, actors
+        os.kill(actors[0].pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "sampling: 2 generation worker(s), executor=ray" in err
+    assert sum(l.startswith("warning: generation worker") for l in err.splitlines()) == 1, err[-3000:]  # noqa: E741
+    assert sum(column(workdir / "ray", "rollout/runtime/generation_restarts")) == 1.0
+    # split wherever that is exact: batches with prompts of several lengths (iteration 5's have one)
+    assert column(workdir / "ray", "rollout/runtime/generation_parts") == ([2.0, 2.0, 2.0, 2.0, 1.0] if splits(err) else [1.0] * 5)
+    assert_same_run(workdir / "ref", workdir / "ray")

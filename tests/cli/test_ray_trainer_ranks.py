@@ -169,3 +169,24 @@ def test_doctor_reports_the_cluster(cluster, base: Path) -> None:
     nodes = [ln for ln in lines if ln.startswith("node ")]
     assert len(nodes) == 2 and sum("2 CPUs, 0 GPUs" in n for n in nodes) == 1 and sum("4 CPUs, 0 GPUs" in n for n in nodes) == 1, nodes
     assert sum("trainer 2" in n for n in nodes) == 1 and sum("envs 4" in n for n in nodes) == 1, nodes
+
+
+@pytest.mark.slow
+def test_text_grpo_ranks_as_ray_actors_with_generation_workers_on_the_other_node_equal_torchrun(cluster, base: Path) -> None:
+    """GRPO on a language model: 2 trainer ranks as actors on the head, each rank's generation worker an
+    actor on the other node (it reserves ``envs``), weights published through the object store every
+    update; every metric row and the final weights equal ``torchrun --nproc_per_node=2`` sampling in
+    each rank's own process."""
+    from generation_runs import GRPO, assert_same_run
+
+    tr = [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_port()}", str(BIN / "rlinf"), "rl", *GRPO,
+          "run_dir=text-tr"]
+    proc = subprocess.run(tr, cwd=base, capture_output=True, text=True, timeout=900, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmd = [str(BIN / "rlinf"), "rl", *GRPO, "executor=ray", f"executor.address={cluster.address}",
+           "placement.trainer.ranks=2", "+placement.trainer.resources.trainer=1", "placement.generation.workers=1",
+           "+placement.generation.resources.envs=1", "run_dir=text-ray"]
+    proc = subprocess.run(cmd, cwd=base, capture_output=True, text=True, timeout=900, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "generation worker(s), executor=ray" in proc.stderr + proc.stdout
+    assert_same_run(base / "text-tr", base / "text-ray")

@@ -6,6 +6,10 @@ Observations travel through Ray's object store, compressed by ``env.obs_compress
 (worth it between machines). ``runtime.mode=hybrid`` pipelines env groups as locally; any
 other mode means synchronous actors (``executor=ray`` always places envs in actors).
 Every node needs rlinf and the simulator's plugin installed, as for any Ray job.
+
+Generation workers (``placement.generation.workers``) are actors too, each reserving
+``placement.generation.cpus/gpus/resources``; they get the policy's files once through the object
+store, and each new weight version as one ``ray.put`` that every worker lacking it gets.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlinf_cli.api import (EnvWorker, RankJob, RemoteError, UserError, WorkerDied, WorkerExecutor, WorkerHandle,
-                           WorkerPlan, cpu_cores, settings)
+from rlinf_cli.api import (EnvWorker, GenerationPlan, GenerationWorker, RankJob, RemoteError, UserError, WorkerDied,
+                           WorkerExecutor, WorkerHandle, WorkerPlan, cpu_cores, settings)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,14 @@ class RayEnvWorker(EnvWorker):
         super().__init__(*args)
 
 
+class RayGenerationWorker(GenerationWorker):
+    """The generation worker an actor hosts (its torch threads are the trainer's: the plan says how many)."""
+
+    def __init__(self, *args: Any, env_vars: dict[str, str] | None = None) -> None:
+        os.environ.update(env_vars or {})
+        super().__init__(*args)
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -54,7 +66,7 @@ def _ray() -> Any:
 class RayWorker:
     """A ``rlinf_cli.api.WorkerHandle`` for one env-worker actor."""
 
-    def __init__(self, index: int, actor_cls: Any, args: tuple, kwargs: dict, timeout_s: float):
+    def __init__(self, index: int, actor_cls: Any, args: tuple, kwargs: dict, timeout_s: float | None):
         self.index = index
         self._cls = actor_cls
         self._args = args
@@ -95,12 +107,15 @@ class RayWorker:
             raise RemoteError(_task_error_text(exc)) from None
 
     def restart(self) -> None:
+        self.kill()
+        self.start()
+        self.wait_ready()
+
+    def kill(self) -> None:
         try:
             _ray().kill(self.actor)
         except Exception:  # already gone
             pass
-        self.start()
-        self.wait_ready()
 
     def close(self) -> None:
         ray = _ray()
@@ -173,6 +188,9 @@ class RayExecutor(WorkerExecutor):
                         raise
                     where = self.cfg.address or "a local instance"
                     raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
+            from rlinf_executor_ray import headwatch
+
+            headwatch.watch(ray)  # this process joined (or started) the cluster: its head's loss is one line
         return ray
 
     def start_workers(self, plan: WorkerPlan) -> list[WorkerHandle]:
@@ -204,15 +222,42 @@ class RayExecutor(WorkerExecutor):
                 f"{plan.num_workers} actor(s)" + (f", {plan.stages} pipeline stages" if hybrid else "")
                 + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
 
+    def start_generation_workers(self, plan: GenerationPlan) -> list[WorkerHandle]:
+        """``plan.num_workers`` generation-worker actors, each reserving ``placement.generation``'s
+        resources; the policy's files go to the object store once, for all of them."""
+        g = plan.placement
+        ray = self._init(plan.num_workers * g.cpus)
+        actor_cls = ray.remote(RayGenerationWorker).options(num_cpus=g.cpus, num_gpus=g.gpus, resources=dict(g.resources))
+        image, *rest = plan.worker_args()
+        args = (ray.put(image), *rest)  # resolved by Ray for each actor: one copy in the object store
+        env_vars = {"OMP_NUM_THREADS": str(plan.threads)}
+        handles = []
+        try:
+            for w in range(plan.num_workers):
+                handles.append(RayWorker(w, actor_cls, args, {"env_vars": env_vars}, plan.timeout_s))
+            for h in handles:
+                h.wait_ready()
+        except (RemoteError, WorkerDied):
+            for h in handles:
+                h.kill()
+            raise
+        return handles
+
+    def publish_weights(self, tensors: dict[str, Any]) -> Any:
+        """One weight version in the object store; a worker lacking it gets it as its request's argument."""
+        return _ray().put(tensors)
+
     def start_ranks(self, job: RankJob) -> Any:
         """``placement.trainer.ranks`` trainer ranks as actors in one placement group (rlinf_executor_ray/ranks.py);
         returns rank 0's result, raises ``RankDied`` when a rank's actor or node is lost."""
         from rlinf_executor_ray.ranks import start_ranks
 
         # a local instance needs room for each rank's env actors (runtime.env_workers, 0 = one per core),
-        # twice: evaluations during training (eval.interval) start their own beside the training ones
+        # twice: evaluations during training (eval.interval) start their own beside the training ones;
+        # and for each rank's generation workers
         envs = 2 * (self.runtime.env_workers or cpu_cores()) * self.cfg.num_cpus_per_worker
-        ray = self._init(job.ranks * (job.trainer.cpus + envs), ranks=True)
+        gen = job.generation.workers * job.generation.cpus if job.generation is not None else 0.0
+        ray = self._init(job.ranks * (job.trainer.cpus + envs + gen), ranks=True)
         return start_ranks(ray, job, self.cfg.namespace)
 
     @staticmethod

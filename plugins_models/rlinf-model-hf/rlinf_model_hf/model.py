@@ -286,8 +286,16 @@ class HFCausalLM(Policy):
         (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
 
     def _save_hf(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """A plain transformers directory: the model (or ``state_dict`` under its names) and tokenizer."""
-        self.lm.save_pretrained(directory, state_dict=state_dict, safe_serialization=True, max_shard_size="100GB")
+        """A plain transformers directory: the model (or ``state_dict`` under its names) and tokenizer.
+
+        transformers 5 writes no model files from a rank other than 0 of an initialized process group
+        (``should_save_on_this_rank``: it takes every rank to be saving the same model); rlinf saves only
+        where it wants the files (rank 0's checkpoints, every rank's copy for its generation workers)."""
+        self.lm.should_save_on_this_rank = lambda is_main_process: is_main_process  # shadows the method, this call
+        try:
+            self.lm.save_pretrained(directory, state_dict=state_dict, safe_serialization=True, max_shard_size="100GB")
+        finally:
+            del self.lm.should_save_on_this_rank
         self.tokenizer.save_pretrained(directory)
 
     @classmethod
@@ -364,9 +372,11 @@ class HFCausalLM(Policy):
 
     def generate(self, prompts: Sequence[Sequence[int]], *, samples: int, max_new_tokens: int, greedy: bool = False,
                  stop: Sequence[str] = (), generator: torch.Generator | None = None,
-                 values: bool = False) -> sampling.Generation:
+                 values: bool = False, part: tuple[Sequence[int], int, int, bool] | None = None) -> sampling.Generation:
         """``samples`` completions per prompt; ``values``: with the value before each token (the
-        critic's, recorded while sampling: the old values of PPO's clipped value loss)."""
+        critic's, recorded while sampling: the old values of PPO's clipped value loss); ``part=(rows,
+        total, width, padded)``: these are rows of a larger batch split over generation workers, sampled
+        as that batch samples them (sampling.py: generate)."""
         if values and self.value_head is None:
             raise ValueError("values=True needs a value head (model.critic)")
         stop_check: Callable[[list[int]], bool] | None = None
@@ -384,7 +394,7 @@ class HFCausalLM(Policy):
                                          eos_id=self.eos_token_id, pad_id=self.pad_token_id,
                                          temperature=self.sampling.temperature, top_p=self.sampling.top_p, greedy=greedy,
                                          stop_check=stop_check, generator=generator,
-                                         value_head=self.value_head if values else None)
+                                         value_head=self.value_head if values else None, part=part)
         finally:
             self.lm.train(was_training)
 

@@ -1,0 +1,123 @@
+"""model=hf's ``generate(..., part=)``: a batch split over generation workers samples, part by part,
+the bits the whole batch samples, and leaves the generator where the whole batch leaves it, on a
+machine whose matrix products give a row the same bits whatever the row count (MKL's default path;
+not ``MKL_CBWR=COMPATIBLE``, which ``make test-portable`` sets: there the probe the text rollout
+asks, ``parts_are_exact``, must say no, and the rollout does not split a batch at max_staleness=0)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlinf_cli.collectors.text_gen import parts_are_exact
+from rlinf_model_hf.model import HFCausalLM
+from rlinf_model_hf.sampling import BATCH_INVARIANT_ROWS, pad_part
+
+pytestmark = pytest.mark.numerics  # results depend on CPU features: make test-portable runs them again
+
+TINY = {"name": "hf", "hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 128}
+# prompts of several lengths (a padded batch), and of one length
+MIXED = ["1+2=", "34+5=", "7+8=", "123+45=", "9+9=", "11+2=", "5+55=", "8+1=", "1+1=", "2+22="]
+SAME = ["1+2=", "7+8=", "9+9=", "8+1=", "3+3=", "4+5=", "6+1=", "2+2="]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    return HFCausalLM(TINY)
+
+
+@pytest.fixture(scope="module")
+def exact(policy) -> bool:
+    return parts_are_exact(policy)
+
+
+def _parts(policy, prompts, G, cuts, seed=7, values=False):
+    """The whole batch's generation and generator state, and the parts' merged."""
+    whole_gen = torch.Generator().manual_seed(seed)
+    whole = policy.generate(prompts, samples=G, max_new_tokens=10, generator=whole_gen, values=values)
+    lengths = [len(p) for p in prompts]
+    width, padded = max(lengths), min(lengths) < max(lengths)
+    outs, states = [], []
+    for lo, hi in zip(cuts, cuts[1:]):
+        g = torch.Generator().manual_seed(seed)
+        rows = list(range(lo * G, hi * G))
+        outs.append(policy.generate(prompts[lo:hi], samples=G, max_new_tokens=10, generator=g, values=values,
+                                    part=(rows, len(prompts) * G, width, padded)))
+        states.append((int(outs[-1].lengths.max()), g.get_state()))
+    T = whole.tokens.shape[1]
+    pad = lambda t, v: torch.nn.functional.pad(t, (0, T - t.shape[1]), value=v)  # noqa: E731
+    merged = {"tokens": torch.cat([pad(o.tokens, policy.pad_token_id) for o in outs]),
+              "logprobs": torch.cat([pad(o.logprobs, 0.0) for o in outs]),
+              "lengths": torch.cat([o.lengths for o in outs]), "finish": sum((o.finish for o in outs), [])}
+    if values:
+        merged["values"] = torch.cat([pad(o.values, 0.0) for o in outs])
+    furthest = max(states, key=lambda s: s[0])[1]  # the part that drew the most steps
+    return whole, whole_gen.get_state(), merged, furthest
+
+
+def test_multinomial_is_the_exponential_race_the_parts_draw():
+    """The parts replace torch.multinomial(probs, 1) by argmax(probs / q), q ~ Exp(1), over the whole
+    batch: the same draw (torch's own algorithm) and the same generator state after it."""
+    probs = torch.softmax(torch.randn(16, 300, generator=torch.Generator().manual_seed(0)), -1)
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    drawn = torch.multinomial(probs, 1, generator=a).squeeze(-1)
+    race = (probs / torch.empty_like(probs).exponential_(1, generator=b)).argmax(-1)
+    assert torch.equal(drawn, race) and torch.equal(a.get_state(), b.get_state())
+
+
+@pytest.mark.parametrize("P, G, cuts", [(8, 4, [0, 4, 8]), (8, 4, [0, 1, 8]), (2, 4, [0, 1, 2]), (3, 1, [0, 1, 3]),
+                                        (10, 2, [0, 5, 10]), (4, 2, [0, 1, 2, 3, 4])])
+def test_parts_of_a_padded_batch_sample_its_bits(policy, exact, P, G, cuts):
+    if not exact:
+        pytest.skip("this machine's matrix products depend on the row count (the probe says so: "
+                    "test_the_probe_says_what_parts_do); the text rollout does not split batches here")
+    prompts = policy.encode_prompts(MIXED[:P])
+    assert len({len(p) for p in prompts}) > 1  # a padded batch
+    whole, state, merged, furthest = _parts(policy, prompts, G, cuts)
+    assert torch.equal(merged["tokens"], whole.tokens) and torch.equal(merged["logprobs"], whole.logprobs)
+    assert torch.equal(merged["lengths"], whole.lengths) and merged["finish"] == whole.finish
+    assert torch.equal(furthest, state)  # the trainer's generator continues as after the whole batch
+
+
+def test_the_probe_says_what_parts_do(policy, exact):
+    whole, state, merged, furthest = _parts(policy, policy.encode_prompts(MIXED[:8]), 4, [0, 1, 5, 8])
+    same = torch.equal(merged["tokens"], whole.tokens) and torch.equal(merged["logprobs"], whole.logprobs)
+    assert same == exact
+
+
+def test_parts_with_a_value_head(policy, exact):
+    if not exact:
+        pytest.skip("this machine's matrix products depend on the row count (the probe says so)")
+    policy.add_critic()
+    try:
+        with torch.no_grad():
+            policy.value_head.linear.weight.normal_(generator=torch.Generator().manual_seed(1))
+        whole, _, merged, _ = _parts(policy, policy.encode_prompts(MIXED[:8]), 1, [0, 3, 8], values=True)
+        assert torch.equal(merged["values"], whole.values) and torch.equal(merged["tokens"], whole.tokens)
+    finally:
+        policy.value_head, policy.has_critic = None, False
+        policy.config["critic"] = False
+
+
+def test_parts_of_a_batch_of_one_prompt_length_may_differ(policy):
+    """transformers attends without a mask until one of the whole batch's rows ends: a part cannot
+    know when that happens elsewhere, so its bits differ (the text rollout does not split such a
+    batch when it must be exact). This pins the reason: if it ever stops differing, the rule can go."""
+    prompts = policy.encode_prompts(SAME)
+    assert len({len(p) for p in prompts}) == 1
+    whole, _, merged, _ = _parts(policy, prompts, 4, [0, 4, 8])
+    assert not torch.equal(merged["logprobs"], whole.logprobs)
+
+
+def test_pad_part_rows():
+    # a part of 1 prompt of a 2-prompt batch computes the batch's 2 prompts (its own twice)
+    prompts, rows = pad_part([[5, 6, 7]], 4, ([4, 5, 6, 7], 8, 3, False))
+    assert prompts == [[5, 6, 7], [5, 6, 7]] and rows == [4, 5, 6, 7, 4, 5, 6, 7]
+    # enough rows already, but the batch is padded and this part is not: one copy a token shorter
+    prompts, rows = pad_part([[1, 2, 3]] * BATCH_INVARIANT_ROWS, 1, (list(range(4)), 10, 3, True))
+    assert prompts[-1] == [2, 3] and len(prompts) == BATCH_INVARIANT_ROWS + 1 and rows[-1] == 0
+    # the whole batch: nothing added
+    assert pad_part([[1], [2, 3]], 2, ([0, 1, 2, 3], 4, 2, True)) == ([[1], [2, 3]], [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="one row index"):
+        pad_part([[1]], 2, ([0], 4, 1, False))

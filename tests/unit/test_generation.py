@@ -1,0 +1,124 @@
+"""Generation workers' driver side, without processes: how a request is split, which tensors travel,
+what an executor must provide."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlinf_cli.api import TextSample
+from rlinf_cli.collectors.text_gen import TextGeneration, _generator, split, state_of
+from rlinf_cli.errors import UserError
+from rlinf_cli.runtime.gen_worker import SharedWeights, trainable
+from rlinf_cli.runtime.generation import GenerationPlacement, GenerationPool
+
+
+def test_split_is_contiguous_and_even():
+    assert split(8, 2) == [(0, 4), (4, 8)]
+    assert split(5, 2) == [(0, 3), (3, 5)]
+    assert split(3, 4) == [(0, 1), (1, 2), (2, 3)]  # never an empty part
+    assert split(1, 2) == [(0, 1)]
+
+
+class _Pool:
+    """Records requests instead of sending them."""
+
+    num_workers = 2
+
+    def __init__(self):
+        self.sent = []
+
+    def publish(self, policy, version):
+        pass
+
+    def submit(self, payloads):
+        self.sent.append(payloads)
+        return payloads
+
+
+class _TextPolicy:
+    """Prompts are their characters; ``generate`` takes ``part=`` unless told otherwise."""
+
+    def __init__(self, parts: bool = True):
+        if parts:
+            self.generate = lambda prompts, *, samples, part=None, **kw: None
+        else:
+            self.generate = lambda prompts, *, samples, **kw: None
+
+    def encode_prompts(self, texts):
+        return [list(t.encode()) for t in texts]
+
+
+def _requests(prompts, *, exact=True, turns=1, parts=True):
+    pool = _Pool()
+    gen = TextGeneration(pool, SimpleNamespace(max_turns=turns), SimpleNamespace(schemas=[]), exact)
+    samples = [TextSample(p, "") for p in prompts]
+    gen.submit(_TextPolicy(parts), samples, 4, 8, False, torch.Generator().manual_seed(0), 0)
+    return pool.sent[-1]
+
+
+def test_an_exact_request_splits_only_where_each_part_samples_the_whole_batchs_bits():
+    padded = _requests(["1+2=", "10+20=", "3+4=", "5+66="])
+    assert sorted(padded) == [0, 1]
+    assert [len(r.samples) for r in padded.values()] == [2, 2]
+    assert padded[1].part == (8, 16, 6, True)  # rows 8.. of 16; the longest prompt has 6 tokens, some fewer
+    assert padded[0].state == padded[1].state  # both parts start from the trainer's sampler state
+    # one prompt length (no padding: attention skips its mask until a row ends, anywhere), tool turns,
+    # a model without part=: the whole request on one worker, as the trainer would sample it
+    for request in (_requests(["1+2=", "3+4="]), _requests(["1+2=", "10+20="], turns=3),
+                    _requests(["1+2=", "10+20="], parts=False)):
+        assert len(request) == 1 and request[next(iter(request))].part is None
+
+
+def test_a_stale_request_always_splits():
+    assert [r.part.first for r in _requests(["1+2=", "3+4="], exact=False).values()] == [0, 4]
+    streams = _requests(["1+2=", "3+4="], exact=False, parts=False)  # no part=: a stream of its own each
+    assert [r.stream for r in streams.values()] == [0, 1] and all(r.part is None for r in streams.values())
+
+
+def test_own_streams_differ_and_a_state_travels_exactly():
+    g = torch.Generator().manual_seed(5)
+    state = state_of(g)
+    assert torch.equal(_generator("cpu", state).get_state(), g.get_state())
+    a, b = _generator("cpu", state, 0), _generator("cpu", state, 1)
+    assert not torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+def test_with_lora_only_the_adapter_travels():
+    from rlinf_model_hf.model import HFCausalLM
+
+    tiny = {"name": "hf", "hidden_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate_size": 64}
+    full = HFCausalLM(tiny)
+    lora = HFCausalLM({**tiny, "lora": {"r": 2}})
+    lora.add_critic()
+    assert set(trainable(full)) == {n for n, _ in full.named_parameters()}  # full fine-tuning: every weight
+    names = set(SharedWeights(lora).tensors)
+    assert names and all("lora_" in n or n.startswith("value_head.") for n in names)
+    assert any(n.startswith("value_head.") for n in names)
+    assert sum(p.numel() for n, p in lora.named_parameters() if n in names) < \
+        sum(p.numel() for p in lora.parameters()) / 10
+
+
+class _Executor:
+    name = "plain"
+    shared_memory = False
+
+
+def test_an_executor_without_generation_workers_is_refused_in_one_line():
+    policy = SimpleNamespace(device="cpu")
+    runtime = SimpleNamespace(start_method="forkserver", max_restarts=3)
+    with pytest.raises(UserError, match="executor=plain does not start generation workers: use executor=local or "
+                                        "executor=ray, or placement.generation.workers=0"):
+        GenerationPool(_Executor(), policy, None, GenerationPlacement(workers=2), runtime, 0, 1)
+    starts = type("Starts", (_Executor,), {"start_generation_workers": lambda self, plan: []})
+    with pytest.raises(UserError, match="cannot send them weights"):
+        GenerationPool(starts(), policy, None, GenerationPlacement(workers=2), runtime, 0, 1)
+
+
+def test_placement_bounds():
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        GenerationPlacement(workers=-1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        GenerationPlacement(workers=1, cpus=-1)
