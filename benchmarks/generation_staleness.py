@@ -5,6 +5,15 @@ accuracy gained over seeds, and seconds per iteration. The recipe is the learnin
 iterations of 8 prompts x 8 completions per seed; tests/cli/test_generation_workers.py (test_stale_generation_learns_like_synchronous_sampling) takes its bar from here.
 
     python benchmarks/generation_staleness.py --seeds 0-3 --out /tmp/staleness
+
+``--smollm2 N`` measures the overlap where sampling costs about as much as the update instead (no
+learning curve): N GRPO iterations of SmolLM2-135M-Instruct with LoRA on reasoning-gym
+basic_arithmetic (4 prompts x 8 samples, 32 new tokens, after `make smollm2`), sampling in the
+trainer at 2 threads and at 1, and 1 generation worker at ``runtime.max_staleness=1`` (trainer and
+worker 1 thread each: the two cores split); the median s/iteration after the first, and the fraction
+of each iteration's wall time the worker sampled while the trainer updated.
+
+    python benchmarks/generation_staleness.py --smollm2 6 --out /tmp/staleness-smollm2
 """
 
 from __future__ import annotations
@@ -23,6 +32,13 @@ QUIET = ["tracking.enabled=false", "progress=false"]
 RL = ["text.iterations=30", "algo.groups=8", "algo.group_size=8", "algo.epochs=1", "algo.lr=2e-4", "eval.episodes=64",
       "eval.seed=0", "eval.interval=30", *QUIET]
 MODES = {"k0_in_process": [], "k1_2_workers": ["placement.generation.workers=2", "runtime.max_staleness=1"]}
+SMOLLM2 = ["sim=reasoning_gym", "sim.task=basic_arithmetic", "sim.max_new_tokens=32",
+           "sim.params={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2, operators: ['+', '-', '*'], "
+           "allow_parentheses: false, allow_negation: false}",
+           "model=hf", "model.preset=smollm2", "model.lora.r=16", "model.temperature=0.7", "algo.groups=4",
+           "algo.group_size=8", "algo.epochs=2", "algo.lr=2e-4", "eval.best=false", "eval.episodes=0", "seed=0", *QUIET]
+SMOLLM2_MODES = {"in_trainer_2_threads": ["train.threads=2"], "in_trainer_1_thread": ["train.threads=1"],
+                 "1_worker_k1_1_thread": ["train.threads=1", "placement.generation.workers=1", "runtime.max_staleness=1"]}
 
 
 def rlinf(out: Path, *args: str) -> None:
@@ -55,6 +71,23 @@ def gain(run_dir: Path) -> dict[str, float]:
             "generation_busy_frac": statistics.median(busy) if busy else 0.0}
 
 
+def overlap(out: Path, iterations: int) -> None:
+    """The SmolLM2 timing rows (module docstring)."""
+    print("\n| sampling | s/iteration (median, after the first) | generation busy / wall | overlap with the update / wall |"
+          "\n|---|---|---|---|")
+    for mode, extra in SMOLLM2_MODES.items():
+        run = out / f"smollm2-{mode}"
+        if not (run / "result.json").is_file():
+            rlinf(out, "rl", "--algo", "grpo", *SMOLLM2, f"text.iterations={iterations}", f"run_dir={run.name}", *extra)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        rows = [m for m in rows if "time/step_s" in m][1:]
+        step = statistics.median(m["time/step_s"] for m in rows)
+        busy = [m["time/generation_busy_s"] / m["time/step_s"] for m in rows if "time/generation_busy_s" in m]
+        over = [m["time/generation_overlap_frac"] for m in rows if "time/generation_overlap_frac" in m]
+        print(f"| {mode} | {step:.1f} | {statistics.median(busy):.2f} | {statistics.median(over):.2f} |" if busy else
+              f"| {mode} | {step:.1f} | - | - |", flush=True)
+
+
 def seeds(text: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
@@ -67,9 +100,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0-3")
     p.add_argument("--out", default="/tmp/rlinf-staleness")
+    p.add_argument("--smollm2", type=int, default=0, metavar="N", help="the SmolLM2 overlap timing instead, N iterations")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.smollm2:
+        return overlap(out, args.smollm2)
     init = clone(out)
     results = out / "results.jsonl"
     for seed in seeds(args.seeds):

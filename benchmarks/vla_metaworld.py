@@ -14,6 +14,8 @@ task id. Stages, all through the `rlinf` CLI as a user would run them:
 
     python benchmarks/vla_metaworld.py                                   # 8 tasks (hours on 2 cores)
     python benchmarks/vla_metaworld.py --tasks reach-v3 push-v3 --quick  # a smoke run (minutes)
+    python benchmarks/vla_metaworld.py --head flow --algos ppo            # the flow head, Flow-Noise
+    python benchmarks/vla_metaworld.py --head flow --algos ppo --vla-set model.flow_noise=sde --out bench_flow_sde
 
 Prints one table of success (success_once) per task and on average, and the wall time of each stage.
 """
@@ -48,7 +50,8 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=TASKS)
     ap.add_argument("--demos", type=int, default=5, help="expert demonstrations per task")
     ap.add_argument("--pixels", action="store_true", help="image + proprioception + instruction (else state + instruction)")
-    ap.add_argument("--head", default="chunk", choices=["tokens", "chunk"])
+    ap.add_argument("--head", default="chunk", choices=["tokens", "chunk", "flow"],
+                    help="flow: the pi0-style action expert (docs/vla.md); --vla-set model.flow_noise=sde for Flow-SDE")
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--max-episode-steps", type=int, default=150)
     ap.add_argument("--sft-epochs", type=int, default=100)
@@ -79,7 +82,7 @@ def main() -> None:
     obs_mode = ["sim.obs=state_rgb"] if a.pixels else []
     vla_keys = ["model.obs_keys=[rgb,proprio,instruction]"] if a.pixels else []
     mlp_keys = ["model.obs_keys=[rgb,proprio]"] if a.pixels else ["model.obs_keys=[state]"]
-    head = ["model=vla", f"model.head={a.head}"] + ([f"model.chunk={a.chunk}"] if a.head == "chunk" else [])
+    head = ["model=vla", f"model.head={a.head}"] + ([f"model.chunk={a.chunk}"] if a.head in ("chunk", "flow") else [])
     times: dict[str, float] = {}
 
     data = root / "data"

@@ -21,6 +21,7 @@ from rlinf_cli.policy import check_compatible, load_policy
 from rlinf_cli.registry import get_registry
 from rlinf_cli.runtime.normalize import Normalizer
 from rlinf_cli.runtime import threads
+from rlinf_cli.runtime.chunking import ChunkedSimulator
 from rlinf_cli.runtime.rollout import policy_actor
 
 _TEXT_METHODS = ("encode_prompts", "generate", "evaluate", "decode")
@@ -96,7 +97,10 @@ class EmbodiedPolicies:
             return random_actor(self.env.spec, np.random.default_rng(seed))
         if source == "expert":
             return expert_actor(self.env.sim)
-        policy = self.policy(source)
+        # checked against the simulator's own per-step spec: an rl run of a chunked policy has wrapped
+        # it already (checkpoints/best is evaluated in the run's envs), and a chunked spec is per chunk
+        sim = self.env.sim
+        policy = self.policy(source, spec=(sim.inner if isinstance(sim, ChunkedSimulator) else sim).spec)
         policy.eval()
         self.chunk_for(policy)
         return self.policy_actor(policy, deterministic)

@@ -228,12 +228,13 @@ def test_a_checkpoint_the_disk_cannot_hold_is_removed_and_the_run_says_how_to_re
 
 # -- 5. signals and MLflow ------------------------------------------------------------------------------
 def test_mlflow_holds_every_point_up_to_the_last_checkpoint_after_kill_9(workdir):
-    """tracking.flush_s is long, yet each checkpoint sends the points before it; a later run in the
-    same store marks the killed run KILLED (it was left RUNNING)."""
+    """tracking.flush_s is long, yet each checkpoint sends the points before it once it is on disk
+    (iter_000006 on disk: iter_000004's flush has ended); a later run in the same store marks the
+    killed run KILLED (it was left RUNNING)."""
     proc = subprocess.Popen([RLINF, "rl", "total_steps=1000000", "checkpoint.interval=2", "checkpoint.keep=100000",
                              "run_dir=run", "tracking.flush_s=100000", *TINY_RL], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    wait_for_checkpoint(workdir / "run", 4, proc)  # kept: iter_000004 is read below
+    wait_for_checkpoint(workdir / "run", 6, proc)  # iter_000004 (kept: keep=100000) is read below
     proc.kill()
     proc.communicate()
     state = json.loads((workdir / "run/checkpoints/iter_000004/trainer_state.json").read_text())

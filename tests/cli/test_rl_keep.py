@@ -140,6 +140,19 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
     assert validation_episodes(text, text=True) == 32 and validation_episodes(text) == 5
 
 
+def test_a_tie_with_the_clone_keeps_the_clone_and_a_tie_between_rl_iterations_the_later():
+    from rlinf_cli.stages.keep import beats
+
+    clone = {"score": 1.0, "iteration": 0}
+    assert not beats(1.0, clone, from_init=True)  # RL must score higher than the clone to replace it
+    assert beats(1.0, clone, from_init=False)  # a from-scratch start is no clone: the more trained wins
+    assert beats(0.9, None, from_init=True) and not beats(0.9, clone, from_init=True)
+    assert beats(1.0, {"score": 1.0, "iteration": 40}, from_init=True)  # RL vs RL: the later
+    assert not beats(0.5, {"score": 0.6, "iteration": 40}, from_init=True)
+    # a from-scratch sparse task validates 0 for a while: the latest of those zeros is kept, not the random start
+    assert beats(0.0, {"score": 0.0, "iteration": 0}, from_init=False)
+
+
 def test_the_pipeline_summary_names_the_kept_policy():
     from rlinf_cli.stages.common import table_text
     from rlinf_cli.stages.pipeline import _summary, kept_label

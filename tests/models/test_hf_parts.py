@@ -100,14 +100,17 @@ def test_parts_with_a_value_head(policy, exact):
         policy.config["critic"] = False
 
 
-def test_parts_of_a_batch_of_one_prompt_length_may_differ(policy):
+def test_parts_of_a_batch_of_one_prompt_length_sample_the_same_distribution(policy):
     """transformers attends without a mask until one of the whole batch's rows ends: a part cannot
-    know when that happens elsewhere, so its bits differ (the text rollout does not split such a
-    batch when it must be exact). This pins the reason: if it ever stops differing, the rule can go."""
+    know when that happens elsewhere, so its bits may differ from the whole batch's (they did on the
+    CPU this test was written on and are equal on another: the kernels decide), and the text rollout does not
+    split such a batch when it must be exact. What holds everywhere: the same tokens' log-probs to
+    float rounding."""
     prompts = policy.encode_prompts(SAME)
     assert len({len(p) for p in prompts}) == 1
     whole, _, merged, _ = _parts(policy, prompts, 4, [0, 4, 8])
-    assert not torch.equal(merged["logprobs"], whole.logprobs)
+    if torch.equal(merged["tokens"], whole.tokens):  # the usual case; a rounding flip may change a draw
+        assert torch.allclose(merged["logprobs"], whole.logprobs, atol=1e-4)
 
 
 def test_pad_part_rows():
