@@ -260,7 +260,7 @@ class Executor(Protocol):
     def make_vec_env(self, simulator: Simulator, num_envs: int, autoreset: bool) -> VecEnv: ...
 
     def describe(self) -> str: ...
-    # Optional: start_ranks, cluster_report (API 1.3), start_generation_workers, publish_weights (1.4): docs/plugins.md
+    # Optional: start_ranks, cluster_report (API 1.3), start_generation_workers, publish_weights, driver_address (1.4): docs/plugins.md
 
 
 class Accelerator(Protocol):

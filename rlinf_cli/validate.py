@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable, Iterator
 
 from rlinf_cli.errors import UserError, shown
+from rlinf_cli.runtime.generation import SYNC_MODES
 
 # Seeds go to Python's, numpy's and torch's generators and to simulators: numpy's legacy seeding
 # (which simulators use) takes 0 <= seed < 2**32, the narrowest of them.
@@ -60,6 +61,7 @@ STAGE_RULES: dict[str, list[Rule]] = {
         ("eval.val_episodes", *_POSITIVE),
         ("text.iterations", *_POSITIVE),
         ("placement.generation.workers", _at_least(0), "an integer >= 0"),
+        ("placement.generation.sync", lambda v: str(v) in SYNC_MODES, "one of " + ", ".join(SYNC_MODES)),
         ("runtime.max_staleness", _at_least(0), "an integer >= 0"),
     ],
     "collect": [

@@ -146,6 +146,23 @@ class GenerationWorker:
             load_s = time.perf_counter() - t0
         return self.job.run(self.policy, payload), self.version, load_s
 
+    def join_weights(self, address: Any, rank: int) -> int:
+        """Become rank ``rank`` of the trainer's weight-broadcast group (runtime/weight_broadcast.py);
+        returns once every member has joined."""
+        from rlinf_cli.runtime.weight_broadcast import Receiver, check_layout, layout_of
+
+        check_layout(layout_of(trainable(self.policy)), address.layout)
+        device = str(next(self.policy.parameters()).device) if address.backend == "nccl" else "cpu"
+        self.receiver = Receiver(address, int(rank), device)
+        return int(rank)
+
+    def receive_weights(self, version: int) -> float:
+        """Take part in the broadcast of ``version``'s weights; returns the seconds it took."""
+        t0 = time.perf_counter()
+        load_weights(self.policy, self.receiver.receive())
+        self.version = int(version)
+        return time.perf_counter() - t0
+
     def close(self) -> None:
         self.job.close()
 

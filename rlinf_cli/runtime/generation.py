@@ -24,7 +24,28 @@ from typing import Any
 
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.gen_worker import GenerationJob, PolicyImage, SharedWeights, trainable
+from rlinf_cli.runtime.weight_broadcast import layout_of
 from rlinf_cli.runtime.workers import RemoteError, WorkerDied, last_line, warn
+
+
+# auto: shared memory where the executor's workers share this machine's memory, else its publish_weights
+SYNC_MODES = ("auto", "shared_memory", "object_store", "broadcast")
+
+
+def sync_mode(asked: str, shared_memory: bool, object_store: bool, executor: str) -> str:
+    """The weight-sync mode ``placement.generation.sync=asked`` means on this executor, or one line."""
+    if asked == "auto" and not shared_memory and not object_store:
+        raise UserError(f"executor={executor} starts generation workers but has no object store to send them weights "
+                        f"(publish_weights): use placement.generation.sync=broadcast, or executor=local or executor=ray")
+    if asked == "auto":
+        return "shared_memory" if shared_memory else "object_store"
+    if asked == "shared_memory" and not shared_memory:
+        raise UserError(f"placement.generation.sync=shared_memory needs workers on this machine (executor=local); "
+                        f"executor={executor} places them elsewhere: use sync=auto or sync=broadcast")
+    if asked == "object_store" and not object_store:
+        raise UserError(f"placement.generation.sync=object_store needs an executor with an object store "
+                        f"(publish_weights: executor=ray); executor={executor} has none: use sync=auto or sync=broadcast")
+    return asked
 
 
 class GenerationError(UserError):
@@ -39,10 +60,13 @@ class GenerationPlacement:
     cpus: float = 1.0  # CPUs each worker reserves (executor=ray)
     gpus: float = 0.0  # GPUs each worker reserves (executor=ray); > 0: it samples on its GPU
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources each worker reserves
+    sync: str = "auto"  # how weights reach the workers: auto | shared_memory | object_store | broadcast
 
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise ValueError(f"placement.generation.workers must be >= 0, got {self.workers}")
+        if self.sync not in SYNC_MODES:
+            raise ValueError(f"placement.generation.sync must be one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
         if min(self.cpus, self.gpus, *self.resources.values()) < 0:
             raise ValueError("placement.generation reservations (cpus, gpus, resources) must be >= 0")
 
@@ -86,29 +110,51 @@ class GenerationPool:
             raise UserError(f"executor={name} does not start generation workers: use executor=local or "
                             f"executor=ray, or placement.generation.workers=0 (sampling in the trainer)")
         local = bool(getattr(executor, "shared_memory", False))
-        self._publish = None if local else getattr(executor, "publish_weights", None)
-        if not local and self._publish is None:
-            raise UserError(f"executor={name} starts generation workers but cannot send them weights "
-                            f"(no publish_weights, no shared memory); use executor=local or executor=ray")
+        self.sync = sync_mode(placement.sync, local, hasattr(executor, "publish_weights"), name)
+        self._publish = executor.publish_weights if self.sync == "object_store" else None
         self.image = PolicyImage.write(policy)
-        self.shared = SharedWeights(policy) if local else None
+        self.shared = SharedWeights(policy) if self.sync == "shared_memory" else None
         device = str(policy.device) if local else ("cuda" if placement.gpus > 0 else "cpu")
         self.plan = GenerationPlan(self.image if local else self.image.packed(), job, placement.workers, int(threads),
                                    device, int(version), placement, self.shared, runtime.start_method)
         self.max_restarts = int(runtime.max_restarts)
         self.version = int(version)
-        self._token: Any = None  # the published weights of `version` (executors without shared memory)
+        self._token: Any = None  # the published weights of `version` (sync=object_store)
+        self._policy: Any = None  # sync=broadcast: whose weights the next broadcast sends
+        self._layout = layout_of(trainable(policy)) if self.sync == "broadcast" else []
+        self._host = str(getattr(executor, "driver_address", lambda: "127.0.0.1")())
+        self._timeout_s = float(runtime.worker_timeout_s)
+        self._device = str(policy.device)
+        self._backend = "nccl" if self._device.startswith("cuda") and placement.gpus > 0 else "gloo"
+        self.sender: Any = None
         self.restarts = [0] * placement.workers
         self.stats = {"restarts": 0.0, "sync_s": 0.0}
         try:
             self.handles = start(self.plan)
+            if self.sync == "broadcast":
+                self._open_group()
         except (RemoteError, WorkerDied) as exc:
             self.image.remove()
             raise GenerationError(f"a generation worker failed to start: "
                                   f"{last_line(exc.args[0] if exc.args else '', type(exc).__name__)}") from exc
         self.known = [int(version)] * len(self.handles)  # the weight version each worker holds
-        where = "processes of this machine, weights through shared memory" if local else "weights through the executor"
+        where = {"shared_memory": "processes of this machine, weights through shared memory",
+                 "object_store": "weights through the executor",
+                 "broadcast": f"weights by {self._backend} broadcast"}[self.sync]
         self.label = f"{placement.workers} generation worker(s), executor={name} ({where}), {threads} torch thread(s) each"
+
+    def _open_group(self) -> None:
+        """The trainer and every worker in a weight-broadcast group (again after a restart: a new
+        process is not a member of the old one); no request may be in flight."""
+        from rlinf_cli.runtime.weight_broadcast import GroupAddress, Sender, free_port
+
+        address = GroupAddress(self._host, free_port(self._host), len(self.handles) + 1, self._backend,
+                               self._timeout_s, self._layout)
+        tickets = [h.submit("join_weights", address, w + 1) for w, h in enumerate(self.handles)]
+        self.sender = Sender(address, self._device if self._backend == "nccl" else "cpu")
+        self.sender.open()  # waits for every worker to connect
+        for h, t in zip(self.handles, tickets):
+            h.result(t)
 
     @property
     def num_workers(self) -> int:
@@ -122,13 +168,31 @@ class GenerationPool:
         t0 = time.perf_counter()
         if self.shared is not None:
             self.shared.write(policy)
+        elif self.sync == "broadcast":  # sent when the workers are next idle (_broadcast)
+            self._policy = policy
         else:
             self._token = self._publish({k: v.detach().to("cpu") for k, v in trainable(policy).items()})
         self.version = int(version)
         self.stats["sync_s"] += time.perf_counter() - t0
 
+    def _broadcast(self) -> None:
+        """sync=broadcast: every worker takes the current version's weights, if one lacks them; call
+        with no request in flight (a broadcast is collective). The trainer's weights are read now:
+        publish's caller has not changed them since (the update that follows sends no request first)."""
+        if self._policy is None or all(k == self.version for k in self.known):
+            return
+        t0 = time.perf_counter()
+        tickets = [h.submit("receive_weights", self.version) for h in self.handles]
+        self.sender.send(trainable(self._policy))
+        for h, t in zip(self.handles, tickets):
+            h.result(t)
+        self.known = [self.version] * len(self.handles)
+        self.stats["sync_s"] += time.perf_counter() - t0
+
     def submit(self, payloads: dict[int, Any]) -> Pending:
         """Send ``payloads[w]`` to worker ``w`` with the current weights."""
+        if self.sync == "broadcast":
+            self._broadcast()
         return Pending({w: (p, self._send(w, p)) for w, p in payloads.items()}, self.version)
 
     def _send(self, w: int, payload: Any) -> Any:
@@ -148,8 +212,11 @@ class GenerationPool:
                 lost.append((w, exc))
         if lost and policy is not None and version is not None:
             self.publish(policy, version)  # every other worker has answered: nothing reads the weights now
+        if self.sync == "broadcast":  # a group needs every member alive: restart all the lost first
+            for w, exc in lost:
+                self._restart(w, exc)
         for w, exc in lost:
-            replies[w] = self._recover(w, pending.sent[w][0], exc)
+            replies[w] = self._recover(w, pending.sent[w][0], exc, restarted=self.sync == "broadcast")
         return replies
 
     def _reply(self, w: int, ticket: Any) -> tuple[Any, int]:
@@ -161,27 +228,38 @@ class GenerationPool:
         self.stats["sync_s"] += float(load_s)
         return reply, int(version)
 
-    def _recover(self, w: int, payload: Any, lost: WorkerDied) -> tuple[Any, int]:
-        """Restart worker ``w`` (within its budget) and send ``payload`` again, until it answers."""
+    def _recover(self, w: int, payload: Any, lost: WorkerDied, restarted: bool = False) -> tuple[Any, int]:
+        """Restart worker ``w`` (within its budget, unless ``restarted`` already) and send ``payload``
+        again, until it answers."""
         while True:
-            if self.restarts[w] >= self.max_restarts:
-                raise GenerationError(f"generation worker {w} died during sampling ({lost}); restarted {self.restarts[w]} "
-                                      f"time(s) already (runtime.max_restarts={self.max_restarts}, per worker). Check its "
-                                      f"memory (each worker holds a copy of the policy) or raise runtime.max_restarts")
-            self.restarts[w] += 1
-            self.stats["restarts"] += 1
-            warn(f"generation worker {w} died during sampling ({lost}); restarting it ({self.restarts[w]}/"
-                 f"{self.max_restarts} for this worker) and sending its request again")
+            if not restarted:
+                self._restart(w, lost)
+            restarted = False
             try:
-                self.handles[w].restart()
-            except (RemoteError, WorkerDied) as exc:
-                raise GenerationError(f"generation worker {w} died during sampling ({lost}) and could not be "
-                                      f"restarted: {last_line(exc.args[0] if exc.args else '', type(exc).__name__)}") from exc
-            self.known[w] = self.plan.version  # a fresh worker holds the image's weights
-            try:
+                if self.sync == "broadcast":  # every other worker has answered: the group forms again
+                    self._open_group()
+                    self._broadcast()
                 return self._reply(w, self._send(w, payload))
             except WorkerDied as exc:
                 lost = exc
+
+    def _restart(self, w: int, lost: WorkerDied) -> None:
+        """Worker ``w`` again, in a fresh process or actor holding the image's weights (one warning
+        line), or one ``error:`` line past its budget."""
+        if self.restarts[w] >= self.max_restarts:
+            raise GenerationError(f"generation worker {w} died during sampling ({lost}); restarted {self.restarts[w]} "
+                                  f"time(s) already (runtime.max_restarts={self.max_restarts}, per worker). Check its "
+                                  f"memory (each worker holds a copy of the policy) or raise runtime.max_restarts")
+        self.restarts[w] += 1
+        self.stats["restarts"] += 1
+        warn(f"generation worker {w} died during sampling ({lost}); restarting it ({self.restarts[w]}/"
+             f"{self.max_restarts} for this worker) and sending its request again")
+        try:
+            self.handles[w].restart()
+        except (RemoteError, WorkerDied) as exc:
+            raise GenerationError(f"generation worker {w} died during sampling ({lost}) and could not be "
+                                  f"restarted: {last_line(exc.args[0] if exc.args else '', type(exc).__name__)}") from exc
+        self.known[w] = self.plan.version  # a fresh worker holds the image's weights
 
     def take_stats(self) -> dict[str, float]:
         """Restarts and weight-sync seconds since the last call."""

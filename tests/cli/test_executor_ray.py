@@ -99,10 +99,13 @@ def test_ray_actor_death_is_recovered(capsys) -> None:
 
 
 @pytest.mark.slow
-def test_ray_generation_workers_equal_sampling_in_the_trainer_through_a_kill(workdir) -> None:
-    """placement.generation.workers=2 executor=ray: the workers are actors, the policy's files and each
-    weight version go through the object store; an actor killed with -9 mid-run is replaced, sent the
-    current weights and its request again, and the synchronous run still equals the in-process one."""
+@pytest.mark.parametrize("sync", ["auto", "broadcast"])
+def test_ray_generation_workers_equal_sampling_in_the_trainer_through_a_kill(workdir, sync) -> None:
+    """placement.generation.workers=2 executor=ray: the workers are actors, the policy's files go
+    through the object store, each weight version too (sync=auto) or by a gloo broadcast from the
+    driver (sync=broadcast); an actor killed with -9 mid-run is replaced, sent the current weights
+    (broadcast: in a group formed again) and its request again, and the synchronous run still equals
+    the in-process one."""
     import os
     import signal
 
@@ -113,7 +116,8 @@ def test_ray_generation_workers_equal_sampling_in_the_trainer_through_a_kill(wor
     grpo = [*GRPO, "text.iterations=5"]
     ref = subprocess.run([RLINF, "rl", *grpo, "run_dir=ref"], cwd=workdir, capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    proc = subprocess.Popen([RLINF, "rl", *grpo, "executor=ray", "placement.generation.workers=2", "run_dir=ray"],
+    proc = subprocess.Popen([RLINF, "rl", *grpo, "executor=ray", "placement.generation.workers=2", "run_dir=ray",
+                             f"placement.generation.sync={sync}"],
                             cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         metrics, deadline = workdir / "ray" / "metrics.jsonl", time.time() + 600
@@ -136,6 +140,7 @@ def test_ray_generation_workers_equal_sampling_in_the_trainer_through_a_kill(wor
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "sampling: 2 generation worker(s), executor=ray" in err
+    assert ("weights by gloo broadcast" in err) == (sync == "broadcast"), err[-3000:]
     assert sum(l.startswith("warning: generation worker") for l in err.splitlines()) == 1, err[-3000:]  # noqa: E741
     assert sum(column(workdir / "ray", "rollout/runtime/generation_restarts")) == 1.0
     # split wherever that is exact: batches with prompts of several lengths (iteration 5's have one)

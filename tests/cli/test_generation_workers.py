@@ -111,6 +111,21 @@ def test_a_killed_worker_is_restarted_and_the_run_equals_the_trainers(workdir):
     assert_same_run(workdir / "ref", workdir / "gen")
 
 
+def test_broadcast_sync_equals_the_trainer_through_a_killed_worker(workdir):
+    """placement.generation.sync=broadcast: weights reach the workers by a gloo broadcast from the
+    trainer; the killed worker's replacement joins a group formed again and takes the current weights."""
+    ref = subprocess.run([RLINF, "rl", *GRPO, "text.iterations=6", "run_dir=ref"], cwd=workdir, capture_output=True,
+                         text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    r = _run_and_kill(workdir, "gen", "placement.generation.sync=broadcast")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "executor=local (weights by gloo broadcast)" in r.stderr, r.stderr[-3000:]
+    assert sum(line.startswith("warning: generation worker") for line in r.stderr.splitlines()) == 1, r.stderr[-3000:]
+    assert sum(column(workdir / "gen", "rollout/runtime/generation_restarts")) == 1.0
+    assert all(s >= 0 for s in column(workdir / "gen", "time/weight_sync_s"))
+    assert_same_run(workdir / "ref", workdir / "gen")
+
+
 def test_a_worker_dying_past_max_restarts_is_one_line(workdir):
     r = _run_and_kill(workdir, "gen", "runtime.max_restarts=0")
     assert r.returncode == 2, r.stderr[-3000:]
@@ -146,6 +161,7 @@ TEXT = ["--algo", "grpo", "sim=arithmetic", "model=hf"]
 
 @pytest.mark.parametrize("args, needle", [
     ([*TEXT, "placement.generation.workers=-1"], "bad value for 'placement.generation.workers': -1; it must be an integer >= 0"),
+    ([*TEXT, "placement.generation.sync=nccl"], "bad value for 'placement.generation.sync': "),
     ([*TEXT, "runtime.max_staleness=-1"], "bad value for 'runtime.max_staleness': -1; it must be an integer >= 0"),
     ([*TEXT, "runtime.max_staleness=1"], "there are none: set placement.generation.workers=N"),
     (["--algo", "ppo", "sim=gymnasium", "model=mlp", "placement.generation.workers=2"],

@@ -12,7 +12,7 @@ from rlinf_cli.api import TextSample
 from rlinf_cli.collectors.text_gen import TextGeneration, _generator, split, state_of
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.gen_worker import SharedWeights, trainable
-from rlinf_cli.runtime.generation import GenerationPlacement, GenerationPool
+from rlinf_cli.runtime.generation import GenerationPlacement, GenerationPool, sync_mode
 
 
 def test_split_is_contiguous_and_even():
@@ -113,8 +113,21 @@ def test_an_executor_without_generation_workers_is_refused_in_one_line():
                                         "executor=ray, or placement.generation.workers=0"):
         GenerationPool(_Executor(), policy, None, GenerationPlacement(workers=2), runtime, 0, 1)
     starts = type("Starts", (_Executor,), {"start_generation_workers": lambda self, plan: []})
-    with pytest.raises(UserError, match="cannot send them weights"):
+    with pytest.raises(UserError, match="has no object store to send them weights .*sync=broadcast"):
         GenerationPool(starts(), policy, None, GenerationPlacement(workers=2), runtime, 0, 1)
+
+
+def test_sync_modes_and_what_each_needs():
+    assert sync_mode("auto", True, False, "local") == "shared_memory"
+    assert sync_mode("auto", False, True, "ray") == "object_store"
+    assert sync_mode("broadcast", True, False, "local") == "broadcast"
+    assert sync_mode("broadcast", False, False, "plain") == "broadcast"  # a group needs no executor support
+    with pytest.raises(UserError, match="sync=shared_memory needs workers on this machine"):
+        sync_mode("shared_memory", False, True, "ray")
+    with pytest.raises(UserError, match="sync=object_store needs an executor with an object store .*executor=local has none"):
+        sync_mode("object_store", True, False, "local")
+    with pytest.raises(ValueError, match="placement.generation.sync must be one of"):
+        GenerationPlacement(workers=1, sync="nccl")
 
 
 def test_placement_bounds():

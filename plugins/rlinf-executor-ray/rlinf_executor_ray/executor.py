@@ -247,6 +247,10 @@ class RayExecutor(WorkerExecutor):
         """One weight version in the object store; a worker lacking it gets it as its request's argument."""
         return _ray().put(tensors)
 
+    def driver_address(self) -> str:
+        """This node's address as the cluster sees it: a broadcast group's store listens here."""
+        return str(_ray().util.get_node_ip_address())
+
     def start_ranks(self, job: RankJob) -> Any:
         """``placement.trainer.ranks`` trainer ranks as actors in one placement group (rlinf_executor_ray/ranks.py);
         returns rank 0's result, raises ``RankDied`` when a rank's actor or node is lost."""

@@ -1,0 +1,67 @@
+"""Weight sync by broadcast (runtime/weight_broadcast.py): a trainer (rank 0) and two receivers in a
+gloo group of their own; tensors of two dtypes travel packed, one buffer per dtype, and arrive equal
+bit for bit, twice (a second version over the same group); a receiver whose tensors differ is refused."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from rlinf_cli.runtime.weight_broadcast import FlatBuffers, GroupAddress, Sender, check_layout, free_port, layout_of
+
+
+def _tensors(version: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {"a.weight": torch.randn(3, 5, generator=g), "b.bias": torch.randn(7, generator=g).to(torch.bfloat16),
+            "c.weight": torch.randn(2, 2, 2, generator=g)}
+
+
+def _receive(address: GroupAddress, rank: int, out: "mp.Queue") -> None:
+    from rlinf_cli.runtime.weight_broadcast import Receiver
+
+    receiver = Receiver(address, rank, "cpu")
+    for _ in range(2):
+        out.put((rank, {k: v.clone() for k, v in receiver.receive().items()}))
+
+
+def test_two_versions_reach_every_receiver_bit_for_bit():
+    layout = layout_of(_tensors(0))
+    address = GroupAddress("127.0.0.1", free_port("127.0.0.1"), 3, "gloo", 60.0, layout)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_receive, args=(address, r, out)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    try:
+        sender = Sender(address, "cpu")
+        sender.open()
+        for version in (1, 2):
+            sender.send(_tensors(version))
+            for _ in range(2):
+                rank, got = out.get(timeout=60)
+                assert list(got) == list(_tensors(version)), rank
+                for name, t in _tensors(version).items():
+                    assert got[name].dtype == t.dtype and torch.equal(got[name], t), (rank, name, version)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def test_buffers_are_one_per_dtype_with_views_in_place():
+    flat = FlatBuffers(layout_of(_tensors(0)), "cpu")
+    assert sorted(flat.buffers) == ["bfloat16", "float32"] and flat.buffers["float32"].numel() == 15 + 8
+    flat.views["c.weight"].fill_(1.0)
+    assert flat.buffers["float32"][15:].eq(1.0).all() and not flat.buffers["float32"][:15].eq(1.0).all()
+
+
+def test_a_receiver_with_other_tensors_is_refused():
+    mine = layout_of(_tensors(0))
+    theirs = [*mine[:-1], ("c.weight", "float32", (2, 4))]
+    with pytest.raises(RuntimeError, match="trainable tensors differ from the trainer's: .*c.weight"):
+        check_layout(mine, theirs)
+    check_layout(mine, list(mine))
