@@ -8,8 +8,8 @@
    - text GRPO (tiny model): sampling in the trainer vs one generation-worker actor.
    The median of `time/step_s` over iterations after the first (the first pays start-up), per run.
 2. **Weight sync vs model size**: text GRPO, full fine-tuning (every weight is published after each
-   update), one generation worker, `executor=local` (shared memory) and `executor=ray` (object
-   store); `time/weight_sync_s` (the trainer's publish plus the worker's load): the median over
+   update), one generation worker, `executor=local` (shared memory), `executor=local
+   placement.generation.sync=broadcast` (a gloo group) and `executor=ray` (object store); `time/weight_sync_s` (the trainer's publish plus the worker's load): the median over
    the publishes after the first (the first pays one-off costs and is shown apart), for models of
    ~1M to ~135M parameters (the 135M shape is SmolLM2's width and depth budget with the task's
    small vocabulary: 576 wide, 38 layers).
@@ -115,27 +115,38 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def sync(work: Path, sizes: list[str], repeats: int) -> list[tuple[str, int, float, float, float, float]]:
-    """Per size: (name, parameters, shm s, Ray s, first publish shm s, first publish Ray s)."""
+# weight-sync modes timed side by side: label -> overrides (placement.generation.sync, docs/runtime.md)
+SYNC_MODES = {
+    "shared memory": ["executor=local"],
+    "gloo broadcast": ["executor=local", "placement.generation.sync=broadcast"],
+    "Ray object store": ["executor=ray"],
+}
+
+
+def sync(work: Path, sizes: list[str], repeats: int) -> list[tuple[str, int, dict, dict]]:
+    """Per size: (name, parameters, {mode: median s}, {mode: first publish s})."""
     out = []
     for size in sizes:
         cmd = [RLINF, "rl", *TEXT, f"text.iterations={SYNC_ITERATIONS}", *SIZES[size],
                "placement.generation.workers=1", "checkpoint.interval=1000000"]
-        local, ray, first, n = [], [], {"local": [], "ray": []}, 0
+        steady: dict[str, list[float]] = {m: [] for m in SYNC_MODES}
+        first: dict[str, list[float]] = {m: [] for m in SYNC_MODES}
+        n = 0
         for i in range(repeats):
-            for executor, acc in (("local", local), ("ray", ray)):
-                name = f"sync-{size}-{executor}-{i}"
-                rows = run([*cmd, f"executor={executor}"], work, name)
+            for mode, extra in SYNC_MODES.items():
+                name = f"sync-{size}-{mode.split()[0].lower()}-{i}"
+                rows = run([*cmd, *extra], work, name)
                 # iteration 1 publishes nothing; the first publish pays one-off costs (shared pages
                 # touched, Ray's first transfer to the worker): reported apart, not in the median
                 syncs = [r["time/weight_sync_s"] for r in rows if "time/weight_sync_s" in r][1:]
-                first[executor].append(syncs[0])
-                acc.append(median(syncs[1:]))
+                first[mode].append(syncs[0])
+                steady[mode].append(median(syncs[1:]))
                 n = n or params(work, name)
-        out.append((size, n, median(local), median(ray), median(first["local"]), median(first["ray"])))
-        print(f"{size}: {n / 1e6:.1f}M parameters, sync {median(local) * 1e3:.0f} ms (shared memory) / "
-              f"{median(ray) * 1e3:.0f} ms (Ray object store); first publish {median(first['local']) * 1e3:.0f} / "
-              f"{median(first['ray']) * 1e3:.0f} ms", flush=True)
+        med = {m: median(v) for m, v in steady.items()}
+        fst = {m: median(v) for m, v in first.items()}
+        out.append((size, n, med, fst))
+        print(f"{size}: {n / 1e6:.1f}M parameters, sync " + " / ".join(f"{v * 1e3:.0f} ms ({m})" for m, v in med.items())
+              + "; first publish " + " / ".join(f"{v * 1e3:.0f}" for v in fst.values()) + " ms", flush=True)
     return out
 
 
@@ -163,10 +174,10 @@ def main() -> None:
         if "sync" in a.parts:
             rows2 = sync(work, a.sizes, a.sync_repeats)
             result["sync"] = rows2
-            print("\n" + table(["model", "parameters", "MB (fp32)", "shared memory ms", "Ray object store ms",
-                                "Ray MB/s", "first publish: shm / Ray ms"],
-                               [(s, f"{n / 1e6:.1f}M", n * 4 / 1e6, x * 1e3, y * 1e3, n * 4 / 1e6 / max(y, 1e-9),
-                                 f"{fx * 1e3:.0f} / {fy * 1e3:.0f}") for s, n, x, y, fx, fy in rows2]))
+            print("\n" + table(["model", "parameters", "MB (fp32)", *(f"{m} ms" for m in SYNC_MODES),
+                                "first publish ms: " + " / ".join(SYNC_MODES)],
+                               [(s, f"{n / 1e6:.1f}M", n * 4 / 1e6, *(med[m] * 1e3 for m in SYNC_MODES),
+                                 " / ".join(f"{fst[m] * 1e3:.0f}" for m in SYNC_MODES)) for s, n, med, fst in rows2]))
         if "placed" not in result and a.placed_from is not None:  # an earlier run's placed part, for the estimate
             result["placed"] = json.loads(a.placed_from.read_text()).get("placed")
         (work / "cluster_overhead.json").write_text(json.dumps(result, indent=1))
@@ -177,7 +188,8 @@ def main() -> None:
 def estimate(result: dict) -> None:
     """A first-order estimate for N nodes from the measured parts: what grows with N and what does not."""
     placed_rows = {label.split(":")[0]: (x, y) for label, x, y in result["placed"]}
-    _, n, shm_s, ray_s, _, _ = result["sync"][-1]
+    _, n, med, _ = result["sync"][-1]
+    shm_s, ray_s, bcast_s = med["shared memory"], med["Ray object store"], med["gloo broadcast"]
     gb = n * 4 / 1e9
     print(f"\nscaling estimate from these measurements ({n / 1e6:.0f}M fp32 parameters = {gb:.2f} GB a version):")
     if "CartPole PPO, 1 rank" in placed_rows:
@@ -190,7 +202,8 @@ def estimate(result: dict) -> None:
         print(f"- a generation worker in a Ray actor adds {max(y - x, 0) * 1e3:.0f} ms an iteration "
               f"({y / x:.2f}x): fixed per iteration, not per node")
     print(f"- a weight version reached one worker in {shm_s * 1e3:.0f} ms through shared memory (same machine) and "
-          f"{ray_s * 1e3:.0f} ms through Ray's object store; Ray ships an object to each node once (its object "
+          f"{ray_s * 1e3:.0f} ms through Ray's object store ({bcast_s * 1e3:.0f} ms by a gloo broadcast, one "
+          f"collective per version whatever the worker count); Ray ships an object to each node once (its object "
           f"manager pulls chunks from every node that already holds them), so N nodes get a version in about "
           f"that plus the link's transfer time, not N times it:")
     for gbit in (10, 100):

@@ -20,6 +20,9 @@
 #   8. GRPO with 2 generation workers sampling on the device, one weight version behind
 #      (placement.generation.workers=2 runtime.max_staleness=1): weights reach the workers after every
 #      update (executor=local: through shared memory; CUDA tensors need CUDA IPC there, untried)
+#   9. weight sync by broadcast: the same run with placement.generation.sync=broadcast (executor=local:
+#      workers share the trainer's GPU, so gloo through the host), then benchmarks/broadcast_check.py:
+#      a 135M-parameter version sent by NCCL from GPU 0 to GPU 1 (needs >= 2 devices), bit-equal, timed
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +32,7 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export MUJOCO_GL="${MUJOCO_GL:-egl}" OMP_NUM_THREADS=1
 ACCEL="${ACCEL:-cuda}"
-CASES="${CASES:-1 2 3 4 5 6 7 8}"  # the checks to run, e.g. CASES="6 7"
+CASES="${CASES:-1 2 3 4 5 6 7 8 9}"  # the checks to run, e.g. CASES="6 7"
 BF16=true; [ "$ACCEL" = cpu ] && BF16=false
 COMMON=(tracking.enabled=false progress=false quiet=true "accelerator=$ACCEL")
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
@@ -147,6 +150,20 @@ print(f'lag {lag}, weight sync {max(sync) * 1e3:.0f} ms at most')" "$OUT/gen_wor
   [ -n "$lag" ] && row "8 generation workers, max_staleness=1" PASS "$lag" $LAST_S \
     || row "8 generation workers, max_staleness=1" FAIL "weight_version_lag not [0, 1, 1, 1] in metrics.jsonl" $LAST_S
 else row "8 generation workers, max_staleness=1" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
+
+if want 9; then
+if timed "$RLINF" rl --algo grpo "${COMMON[@]}" sim=arithmetic sim.digits=2 model=hf text.iterations=4 algo.groups=4 \
+    algo.group_size=4 eval.episodes=8 placement.generation.workers=2 placement.generation.sync=broadcast run_dir="$OUT/gen_bcast"; then
+  detail=$(grep -o 'weights by [a-z]* broadcast' "$OUT/last.log" | head -1)
+  [ -n "$detail" ] && row "9a generation workers, sync=broadcast" PASS "$detail, $(field "$OUT/gen_bcast" "r['eval'].get('accuracy')") accuracy" $LAST_S \
+    || row "9a generation workers, sync=broadcast" FAIL "no 'weights by ... broadcast' line" $LAST_S
+else row "9a generation workers, sync=broadcast" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+backend=nccl; [ "$ACCEL" = cpu ] && backend=gloo
+if timed "$PY" benchmarks/broadcast_check.py --backend $backend --receivers 1 --dtype bfloat16; then
+  if grep -q '^SKIP' "$OUT/last.log"; then row "9b $backend weight broadcast, 135M" SKIP "$(tail -1 "$OUT/last.log")" $LAST_S
+  else row "9b $backend weight broadcast, 135M" PASS "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+else row "9b $backend weight broadcast, 135M" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
 fi
 
 echo

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlinf_cli.runtime.shm import SharedTensors
+from rlinf_cli.runtime.weight_broadcast import Receiver, check_layout, layout_of
 
 
 class GenerationJob(Protocol):
@@ -149,8 +150,6 @@ class GenerationWorker:
     def join_weights(self, address: Any, rank: int) -> int:
         """Become rank ``rank`` of the trainer's weight-broadcast group (runtime/weight_broadcast.py);
         returns once every member has joined."""
-        from rlinf_cli.runtime.weight_broadcast import Receiver, check_layout, layout_of
-
         check_layout(layout_of(trainable(self.policy)), address.layout)
         device = str(next(self.policy.parameters()).device) if address.backend == "nccl" else "cpu"
         self.receiver = Receiver(address, int(rank), device)

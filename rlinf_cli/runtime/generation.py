@@ -24,7 +24,7 @@ from typing import Any
 
 from rlinf_cli.errors import UserError
 from rlinf_cli.runtime.gen_worker import GenerationJob, PolicyImage, SharedWeights, trainable
-from rlinf_cli.runtime.weight_broadcast import layout_of
+from rlinf_cli.runtime.weight_broadcast import GroupAddress, Sender, free_port, layout_of
 from rlinf_cli.runtime.workers import RemoteError, WorkerDied, last_line, warn
 
 
@@ -125,36 +125,83 @@ class GenerationPool:
         self._host = str(getattr(executor, "driver_address", lambda: "127.0.0.1")())
         self._timeout_s = float(runtime.worker_timeout_s)
         self._device = str(policy.device)
-        self._backend = "nccl" if self._device.startswith("cuda") and placement.gpus > 0 else "gloo"
+        # NCCL takes one rank per GPU: only workers the executor places on GPUs of their own (Ray's
+        # placement.generation.gpus) can use it; executor=local's share the trainer's device, so gloo
+        self._backend = "nccl" if self._device.startswith("cuda") and placement.gpus > 0 and not local else "gloo"
         self.sender: Any = None
         self.restarts = [0] * placement.workers
         self.stats = {"restarts": 0.0, "sync_s": 0.0}
         try:
             self.handles = start(self.plan)
+            self.known = [int(version)] * len(self.handles)  # the weight version each worker holds
             if self.sync == "broadcast":
-                self._open_group()
-        except (RemoteError, WorkerDied) as exc:
+                self._sync_group()
+        except (RemoteError, WorkerDied, GenerationError) as exc:
             self.image.remove()
+            if isinstance(exc, GenerationError):
+                raise
             raise GenerationError(f"a generation worker failed to start: "
                                   f"{last_line(exc.args[0] if exc.args else '', type(exc).__name__)}") from exc
-        self.known = [int(version)] * len(self.handles)  # the weight version each worker holds
         where = {"shared_memory": "processes of this machine, weights through shared memory",
                  "object_store": "weights through the executor",
                  "broadcast": f"weights by {self._backend} broadcast"}[self.sync]
         self.label = f"{placement.workers} generation worker(s), executor={name} ({where}), {threads} torch thread(s) each"
 
-    def _open_group(self) -> None:
-        """The trainer and every worker in a weight-broadcast group (again after a restart: a new
-        process is not a member of the old one); no request may be in flight."""
-        from rlinf_cli.runtime.weight_broadcast import GroupAddress, Sender, free_port
+    def _collective(self, method: str, args_of: Any, sender: Any,
+                    trainer_side: Any) -> tuple[list[tuple[int, WorkerDied]], str | None]:
+        """Ask every worker for its side of a collective, run the trainer's (``trainer_side(sender)``),
+        and collect the replies: the workers lost (to restart) and, if any side failed, one line
+        saying how."""
+        tickets = [h.submit(method, *args_of(w)) for w, h in enumerate(self.handles)]
+        failed = None
+        try:
+            trainer_side(sender)
+        except RuntimeError as exc:  # gloo/NCCL/the store: a member was lost ("Connection closed by peer")
+            failed = last_line(str(exc), type(exc).__name__)
+        if failed is not None:
+            sender.close()  # the live workers' sides fail now, not at the group's timeout
+        dead: list[tuple[int, WorkerDied]] = []
+        for w, (h, t) in enumerate(zip(self.handles, tickets)):
+            try:
+                h.result(t)
+            except WorkerDied as exc:
+                dead.append((w, exc))
+            except RemoteError as exc:  # its side of a collective that failed elsewhere; the worker lives
+                failed = failed or last_line(exc.args[0] if exc.args else "", "RemoteError")
+        return dead, failed
 
-        address = GroupAddress(self._host, free_port(self._host), len(self.handles) + 1, self._backend,
-                               self._timeout_s, self._layout)
-        tickets = [h.submit("join_weights", address, w + 1) for w, h in enumerate(self.handles)]
-        self.sender = Sender(address, self._device if self._backend == "nccl" else "cpu")
-        self.sender.open()  # waits for every worker to connect
-        for h, t in zip(self.handles, tickets):
-            h.result(t)
+    def _sync_group(self) -> None:
+        """sync=broadcast: form the group if it is not formed (at the start, after a restart: a new
+        process is not a member of the old one) and send the current version to the workers lacking
+        it. A worker lost during either is restarted (within its budget) and both are done again; no
+        request may be in flight. The trainer's weights are read now: publish's caller has not
+        changed them since (the update that follows sends no request first)."""
+        while True:
+            dead: list[tuple[int, WorkerDied]] = []
+            failed = None
+            if self.sender is None:
+                address = GroupAddress(self._host, free_port(self._host), len(self.handles) + 1, self._backend,
+                                       self._timeout_s, self._layout)
+                sender = Sender(address, self._device if self._backend == "nccl" else "cpu")
+                dead, failed = self._collective("join_weights", lambda w: (address, w + 1), sender, Sender.open)
+                self.sender = sender if not dead and failed is None else None
+            if self.sender is not None:
+                if self._policy is None or all(k == self.version for k in self.known):
+                    return
+                t0 = time.perf_counter()
+                tensors = trainable(self._policy)
+                dead, failed = self._collective("receive_weights", lambda w: (self.version,), self.sender,
+                                                lambda sender: sender.send(tensors))
+                self.stats["sync_s"] += time.perf_counter() - t0
+                if not dead and failed is None:
+                    self.known = [self.version] * len(self.handles)
+                    return
+                self.sender = None  # a collective that failed leaves the group unusable
+            if not dead:
+                raise GenerationError(f"the weight broadcast to the generation workers failed with every worker "
+                                      f"alive: {failed}")
+            for w, exc in dead:
+                self._restart(w, exc)
 
     @property
     def num_workers(self) -> int:
@@ -168,31 +215,17 @@ class GenerationPool:
         t0 = time.perf_counter()
         if self.shared is not None:
             self.shared.write(policy)
-        elif self.sync == "broadcast":  # sent when the workers are next idle (_broadcast)
+        elif self.sync == "broadcast":  # sent when the workers are next idle (_sync_group)
             self._policy = policy
         else:
             self._token = self._publish({k: v.detach().to("cpu") for k, v in trainable(policy).items()})
         self.version = int(version)
         self.stats["sync_s"] += time.perf_counter() - t0
 
-    def _broadcast(self) -> None:
-        """sync=broadcast: every worker takes the current version's weights, if one lacks them; call
-        with no request in flight (a broadcast is collective). The trainer's weights are read now:
-        publish's caller has not changed them since (the update that follows sends no request first)."""
-        if self._policy is None or all(k == self.version for k in self.known):
-            return
-        t0 = time.perf_counter()
-        tickets = [h.submit("receive_weights", self.version) for h in self.handles]
-        self.sender.send(trainable(self._policy))
-        for h, t in zip(self.handles, tickets):
-            h.result(t)
-        self.known = [self.version] * len(self.handles)
-        self.stats["sync_s"] += time.perf_counter() - t0
-
     def submit(self, payloads: dict[int, Any]) -> Pending:
         """Send ``payloads[w]`` to worker ``w`` with the current weights."""
         if self.sync == "broadcast":
-            self._broadcast()
+            self._sync_group()
         return Pending({w: (p, self._send(w, p)) for w, p in payloads.items()}, self.version)
 
     def _send(self, w: int, payload: Any) -> Any:
@@ -237,8 +270,7 @@ class GenerationPool:
             restarted = False
             try:
                 if self.sync == "broadcast":  # every other worker has answered: the group forms again
-                    self._open_group()
-                    self._broadcast()
+                    self._sync_group()
                 return self._reply(w, self._send(w, payload))
             except WorkerDied as exc:
                 lost = exc
@@ -260,6 +292,7 @@ class GenerationPool:
             raise GenerationError(f"generation worker {w} died during sampling ({lost}) and could not be "
                                   f"restarted: {last_line(exc.args[0] if exc.args else '', type(exc).__name__)}") from exc
         self.known[w] = self.plan.version  # a fresh worker holds the image's weights
+        self.sender = None  # ... and is no member of the broadcast group (sync=broadcast)
 
     def take_stats(self) -> dict[str, float]:
         """Restarts and weight-sync seconds since the last call."""

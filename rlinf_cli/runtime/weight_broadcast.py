@@ -93,6 +93,13 @@ class Sender:
         """Join as rank 0 (call after every worker was asked to join: rank 0 waits for them)."""
         self.group = open_group(self.address, 0)
 
+    def close(self) -> None:
+        """Leave the group: its connections close, so a member still waiting in a broadcast that
+        failed raises now instead of at the timeout (measured: the group object's abort() and
+        shutdown() did not end such a wait; dropping the object did). Call outside the ``except``
+        block of the failure: its traceback holds the group until the block ends."""
+        self.group = None
+
     def send(self, tensors: Mapping[str, Any]) -> None:
         import torch
 

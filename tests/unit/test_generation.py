@@ -135,3 +135,88 @@ def test_placement_bounds():
         GenerationPlacement(workers=-1)
     with pytest.raises(ValueError, match="must be >= 0"):
         GenerationPlacement(workers=1, cpus=-1)
+
+
+class _Handle:
+    """A generation worker's handle whose side of the next broadcast (once) is lost with the worker."""
+
+    def __init__(self, dies: bool):
+        self.dies, self.calls, self.restarted = dies, [], 0
+
+    def submit(self, method, *args):
+        self.calls.append(method)
+        return len(self.calls) - 1
+
+    def result(self, ticket):
+        from rlinf_cli.runtime.workers import WorkerDied
+
+        if self.calls[ticket] == "receive_weights" and self.dies:
+            self.dies = False
+            raise WorkerDied("process 42 exited with code -9")
+        return 0.0
+
+    def restart(self):
+        self.restarted += 1
+
+
+class _Sender:
+    failing = False
+    opened = 0
+
+    def __init__(self, address, device):
+        self.address = address
+
+    def open(self):
+        _Sender.opened += 1
+
+    def close(self):
+        self.closed = True
+
+    def send(self, tensors):
+        if _Sender.failing:
+            _Sender.failing = False
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:2475")
+
+
+def _broadcast_pool(handles, max_restarts=3):
+    import rlinf_cli.runtime.generation as generation
+
+    pool = object.__new__(generation.GenerationPool)
+    pool.sync, pool.handles, pool.known, pool.version = "broadcast", handles, [0] * len(handles), 0
+    pool.plan = type("Plan", (), {"version": 0})()
+    pool.restarts, pool.max_restarts = [0] * len(handles), max_restarts
+    pool.stats = {"restarts": 0.0, "sync_s": 0.0}
+    pool._host, pool._timeout_s, pool._backend, pool._device, pool._layout = "127.0.0.1", 5.0, "gloo", "cpu", []
+    pool.sender, pool._policy = None, torch.nn.Linear(2, 2)
+    return pool
+
+
+def test_a_worker_lost_during_a_weight_broadcast_is_restarted_and_the_group_formed_again(monkeypatch, capsys):
+    import rlinf_cli.runtime.generation as generation
+
+    monkeypatch.setattr(generation, "Sender", _Sender)
+    monkeypatch.setattr(generation, "free_port", lambda host: 1234)
+    handles = [_Handle(dies=False), _Handle(dies=True)]
+    pool = _broadcast_pool(handles)
+    pool._sync_group()  # forms the group; nothing to send at version 0
+    assert _Sender.opened == 1 and [h.calls for h in handles] == [["join_weights"]] * 2
+    pool.version, _Sender.failing = 1, True  # version 1: worker 1 dies mid-broadcast, the trainer's side fails
+    pool._sync_group()
+    assert [h.restarted for h in handles] == [0, 1] and pool.stats["restarts"] == 1.0
+    assert _Sender.opened == 2  # the group formed again with the fresh worker
+    assert [h.calls for h in handles] == [["join_weights", "receive_weights", "join_weights", "receive_weights"]] * 2
+    assert pool.known == [1, 1] and pool.sender is not None
+    assert capsys.readouterr().err.count("warning: generation worker 1 died") == 1
+
+
+def test_a_weight_broadcast_failing_with_every_worker_alive_is_one_line(monkeypatch):
+    import rlinf_cli.runtime.generation as generation
+
+    monkeypatch.setattr(generation, "Sender", _Sender)
+    monkeypatch.setattr(generation, "free_port", lambda host: 1234)
+    pool = _broadcast_pool([_Handle(dies=False)])
+    pool._sync_group()
+    pool.version, _Sender.failing = 1, True
+    with pytest.raises(generation.GenerationError, match="weight broadcast to the generation workers failed with every "
+                                                         "worker alive: .*Connection closed by peer"):
+        pool._sync_group()

@@ -65,3 +65,51 @@ def test_a_receiver_with_other_tensors_is_refused():
     with pytest.raises(RuntimeError, match="trainable tensors differ from the trainer's: .*c.weight"):
         check_layout(mine, theirs)
     check_layout(mine, list(mine))
+
+
+def _receive_once(address: GroupAddress, rank: int, out: "mp.Queue") -> None:
+    from rlinf_cli.runtime.weight_broadcast import Receiver
+
+    receiver = Receiver(address, rank, "cpu")
+    out.put(("joined", rank))
+    try:
+        receiver.receive()
+        out.put(("received", rank))
+    except RuntimeError as exc:
+        out.put(("failed", str(exc)[:200]))
+
+
+def test_a_member_lost_before_a_broadcast_fails_it_at_once_not_at_the_timeout():
+    """What the pool's restart relies on: the trainer's side raises promptly when a worker died
+    (here before the broadcast), and once the trainer leaves the group the live worker's side
+    raises too, well before the timeout (a group that failed cannot be reused)."""
+    import time
+
+    address = GroupAddress("127.0.0.1", free_port("127.0.0.1"), 3, "gloo", 120.0, layout_of(_tensors(0)))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_receive_once, args=(address, r, out)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    try:
+        sender = Sender(address, "cpu")
+        sender.open()
+        assert sorted(out.get(timeout=60) for _ in procs) == [("joined", 1), ("joined", 2)]
+        procs[1].kill()
+        procs[1].join(timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            sender.send(_tensors(1))
+            # gloo may hand the buffer to a live peer first; the next version cannot reach the dead one
+            sender.send(_tensors(2))
+        assert time.monotonic() - t0 < 30  # far below the group's 120 s timeout
+        sender.close()  # the live member's side of the failed broadcast fails now too
+        t0 = time.monotonic()
+        state, message = out.get(timeout=60)
+        assert state == "failed" and time.monotonic() - t0 < 30, (state, message)
+        procs[0].join(timeout=30)
+        assert procs[0].exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
