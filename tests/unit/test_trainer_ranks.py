@@ -126,3 +126,22 @@ def test_doctor_says_when_there_is_no_cluster_and_describes_a_node(monkeypatch, 
             "Resources": {"CPU": 8.0, "GPU": 2.0, "memory": 16 * 2**30, "object_store_memory": 1.0, "envs": 8.0,
                           "node:10.0.0.3": 1.0, "accelerator_type:H100": 1.0}}
     assert cluster.node_line(node) == "node 10.0.0.3 (01234567): 8 CPUs, 2 GPUs, 16.0 GiB memory, envs 8"
+
+
+def test_ray_executor_joins_the_cluster_ray_address_names(monkeypatch):
+    """Inside a Ray job (a KubeRay RayJob's entrypoint) RAY_ADDRESS is set: executor=ray joins that
+    cluster; without it (and without executor.address) it sizes a local instance of its own."""
+    pytest.importorskip("ray")
+    import rlinf_executor_ray.executor as ex
+    from rlinf_executor_ray import headwatch
+
+    calls = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ex, "_ray", lambda: fake)
+    monkeypatch.setattr(headwatch, "watch", lambda ray: None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ex.RayExecutor({})._init(4)
+    assert calls[-1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[-1]
+    monkeypatch.delenv("RAY_ADDRESS")
+    ex.RayExecutor({})._init(4)
+    assert "address" not in calls[-1] and calls[-1]["num_cpus"] >= 4

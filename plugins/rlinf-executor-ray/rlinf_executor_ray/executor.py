@@ -24,7 +24,7 @@ from rlinf_cli.api import (EnvWorker, GenerationPlan, GenerationWorker, RankJob,
 
 @dataclass(frozen=True)
 class RayConfig:
-    address: str | None = None  # cluster address; None = start a local Ray instance
+    address: str | None = None  # cluster address; None = RAY_ADDRESS if set, else start a local Ray instance
     num_cpus_per_worker: float = 1.0  # CPUs each env-worker actor reserves
     num_gpus_per_worker: float = 0.0  # GPUs each env-worker actor reserves
     worker_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources each env-worker actor reserves
@@ -164,8 +164,11 @@ class RayExecutor(WorkerExecutor):
             kwargs: dict[str, Any] = {"namespace": self.cfg.namespace, "log_to_driver": log,
                                       "include_dashboard": False, "ignore_reinit_error": True,
                                       "logging_level": logging.WARNING}
-            if self.cfg.address:
-                kwargs["address"] = self.cfg.address
+            # RAY_ADDRESS (set for a Ray job's entrypoint, e.g. a KubeRay RayJob) means that cluster:
+            # ray.init would join it anyway, and refuses num_cpus when it does
+            address = self.cfg.address or os.environ.get("RAY_ADDRESS") or None
+            if address:
+                kwargs["address"] = address
             else:  # a local instance with room for every actor, even on a small machine
                 kwargs["num_cpus"] = max(cpu_cores(), int(cpus + 0.999))
                 # Ray gives its GCS server 30 s to come up; a busy 2-core machine can need more
@@ -180,13 +183,13 @@ class RayExecutor(WorkerExecutor):
                     # A local raylet gets a fixed 30 s to register (not configurable in Ray 2.60), and
                     # under load a GCS server was seen never to write its port file; a fresh start of
                     # the local instance has come up every time so far.
-                    slow = "timed out" in str(exc).lower() and not self.cfg.address
+                    slow = "timed out" in str(exc).lower() and not address
                     if slow and attempt < 2:
                         ray.shutdown()
                         continue
                     if not isinstance(exc, (ConnectionError, RuntimeError, ValueError)) and not slow:
                         raise
-                    where = self.cfg.address or "a local instance"
+                    where = address or "a local instance"
                     raise UserError(f"cannot start Ray ({where}): {str(exc).splitlines()[0]}") from exc
             from rlinf_executor_ray import headwatch
 
@@ -217,7 +220,7 @@ class RayExecutor(WorkerExecutor):
 
     def label(self, plan: WorkerPlan) -> str:
         rt, hybrid = plan.runtime, plan.runtime.mode == "hybrid"
-        where = self.cfg.address or "local Ray instance"
+        where = self.cfg.address or os.environ.get("RAY_ADDRESS") or "local Ray instance"
         return (f"ray ({where}), {'hybrid' if hybrid else 'disaggregated'}: {plan.num_envs} envs in "
                 f"{plan.num_workers} actor(s)" + (f", {plan.stages} pipeline stages" if hybrid else "")
                 + f", obs_compression={rt.obs_compression}" + ("+xor-delta" if rt.obs_delta else ""))
