@@ -209,8 +209,10 @@ def estimate(result: dict) -> None:
     for gbit in (10, 100):
         link = gb / (gbit / 8)
         allreduce = 2 * link  # a ring all-reduce moves ~2x the gradient bytes per rank, independent of N
-        print(f"  {gbit} Gbit/s: sync ~{ray_s + link:.2f} s per version, gradient all-reduce ~{allreduce:.2f} s "
-              f"per update (ring, full fine-tuning; LoRA moves only the adapter)")
+        print(f"  {gbit} Gbit/s: sync ~{ray_s + link:.2f} s per version by the object store (~{bcast_s + link:.2f} s by "
+              f"a broadcast whose root sends once; up to ~{bcast_s:.2f} s + N x {link:.2f} s if it sends to each "
+              f"member in turn: not measured across machines), gradient all-reduce ~{allreduce:.2f} s per update "
+              f"(ring, full fine-tuning; LoRA moves only the adapter)")
     print("- per iteration: max(sampling / generation workers, update / trainer ranks + all-reduce) + sync; at "
           "max_staleness=1 sampling overlaps the update, so with enough generation workers the iteration is the "
           "update plus all-reduce plus sync")

@@ -153,8 +153,10 @@ else row "8 generation workers, max_staleness=1" FAIL "$(tail -1 "$OUT/last.log"
 fi
 
 if want 9; then
-if timed "$RLINF" rl --algo grpo "${COMMON[@]}" sim=arithmetic sim.digits=2 model=hf text.iterations=4 algo.groups=4 \
-    algo.group_size=4 eval.episodes=8 placement.generation.workers=2 placement.generation.sync=broadcast run_dir="$OUT/gen_bcast"; then
+# not quiet: the run's "sampling: ..." note says which collective carried the weights
+if timed "$RLINF" rl --algo grpo tracking.enabled=false progress=false "accelerator=$ACCEL" sim=arithmetic sim.digits=2 \
+    model=hf text.iterations=4 algo.groups=4 algo.group_size=4 eval.episodes=8 placement.generation.workers=2 \
+    placement.generation.sync=broadcast run_dir="$OUT/gen_bcast"; then
   detail=$(grep -o 'weights by [a-z]* broadcast' "$OUT/last.log" | head -1)
   [ -n "$detail" ] && row "9a generation workers, sync=broadcast" PASS "$detail, $(field "$OUT/gen_bcast" "r['eval'].get('accuracy')") accuracy" $LAST_S \
     || row "9a generation workers, sync=broadcast" FAIL "no 'weights by ... broadcast' line" $LAST_S
