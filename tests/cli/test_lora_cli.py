@@ -99,16 +99,18 @@ def _check_merged(ckpt: Path, merged_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_grpo_with_lora_on_the_tiny_preset_stores_its_base(cli, workdir):
+    # 3 iterations of 4 x 8: an untrained 1-layer model rarely answers with a number, and an iteration
+    # whose groups all score alike does not update (which one first has signal depends on the draws)
     r = cli("rl", "--algo", "grpo", "sim=arithmetic", "sim.digits=1", *TINY_ARGS, "model.lora.r=8", *GRPO,
-            "run_dir=rl", *QUIET)
+            "text.iterations=3", "algo.groups=4", "algo.group_size=8", "run_dir=rl", *QUIET)
     assert r.code == 0, r.err
     kl = [m["train/kl_ref"] for m in _metrics(workdir / "rl") if "train/kl_ref" in m]
-    assert kl[0] == 0.0 and kl[1] > 0  # the reference: the base, which the fresh adapter (B = 0) began as
-    first, final = workdir / "rl/checkpoints/iter_000001", workdir / "rl/checkpoints/final"
+    assert kl[0] == 0.0 and max(kl[1:]) > 0  # the reference: the base, which the fresh adapter (B = 0) began as
+    first, final = workdir / "rl/checkpoints/iter_000002", workdir / "rl/checkpoints/final"  # (iter 1: rotated out)
     # the tiny preset is randomly initialised: no file can rebuild it, so every checkpoint stores it
     assert (first / "hf/model.safetensors").is_file() and (final / "hf/model.safetensors").is_file()
     assert _same(load_file(str(first / "hf/model.safetensors")), load_file(str(final / "hf/model.safetensors")))
-    assert _b_nonzero(_adapter(first)) and not _same(_adapter(first), _adapter(final))
+    assert _b_nonzero(_adapter(final)) and not _same(_adapter(first), _adapter(final))
 
 
 def test_export_bad_input_is_one_line(cli, workdir):

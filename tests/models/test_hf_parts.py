@@ -56,14 +56,32 @@ def _parts(policy, prompts, G, cuts, seed=7, values=False):
     return whole, whole_gen.get_state(), merged, furthest
 
 
-def test_multinomial_is_the_exponential_race_the_parts_draw():
-    """The parts replace torch.multinomial(probs, 1) by argmax(probs / q), q ~ Exp(1), over the whole
-    batch: the same draw (torch's own algorithm) and the same generator state after it."""
+def test_a_part_draws_its_rows_of_the_batchs_tokens_and_leaves_the_generator_where_the_batch_does():
+    from rlinf_model_hf.sampling import draw
+
     probs = torch.softmax(torch.randn(16, 300, generator=torch.Generator().manual_seed(0)), -1)
     a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    drawn = torch.multinomial(probs, 1, generator=a).squeeze(-1)
-    race = (probs / torch.empty_like(probs).exponential_(1, generator=b)).argmax(-1)
-    assert torch.equal(drawn, race) and torch.equal(a.get_state(), b.get_state())
+    whole = draw(probs, a)
+    rows = torch.tensor([3, 4, 5, 11])
+    part = draw(probs[rows], b, (rows, 16))
+    assert torch.equal(part, whole[rows]) and torch.equal(a.get_state(), b.get_state())
+
+
+def test_the_inverse_cdf_draw_follows_the_distribution_and_never_takes_a_zero():
+    """Frequencies over 200,000 draws from a fixed generator against the probabilities (each within 5
+    standard errors), zero-probability tokens (top-p's cut) never drawn, unnormalised rows allowed."""
+    from rlinf_model_hf.sampling import draw
+
+    p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.0, 0.05])
+    g = torch.Generator().manual_seed(11)
+    counts = torch.zeros(6)
+    for _ in range(20):
+        tok = draw((3.0 * p).expand(10_000, 6), g)  # rows summing to 3: drawn by their own mass
+        counts += torch.bincount(tok, minlength=6).float()
+    freq, n = counts / counts.sum(), counts.sum()
+    se = (p * (1 - p) / n).sqrt()
+    assert counts[1] == 0 and counts[4] == 0
+    assert ((freq - p).abs() <= 5 * se + 1e-9).all(), (freq, p)
 
 
 @pytest.mark.parametrize("P, G, cuts", [(8, 4, [0, 4, 8]), (8, 4, [0, 1, 8]), (2, 4, [0, 1, 2]), (3, 1, [0, 1, 3]),
