@@ -12,6 +12,8 @@ A simulator plugin puts ``conf/recommended/<simulator name>.yaml`` beside its ``
     init:                     # `rlinf rl init=<checkpoint>`: fine-tuning a policy from sft or rl
       "*":                    # any task of this simulator (a task's own entry wins over it)
         ppo: {...}
+      "peg-*":                # a task family (an fnmatch glob): wins over "*", loses to the task's own
+        ppo: {...}
 
 Precedence, lowest first: the YAML defaults, the task's recommendation, values inherited from a
 checkpoint (``init=``/``resume=``), the user's overrides. A resumed run repeats its saved config
@@ -22,6 +24,7 @@ recorded in the config as ``recommended`` (saved with the run, shown by ``rlinf 
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -64,13 +67,23 @@ def lookup(cfg: Any, dirs: Iterable[Path]) -> tuple[dict[str, Any], str | None]:
     start = "init" if cfg.get("init") else "scratch"
     section = table.get(start) or {}
     merged: dict[str, Any] = {}
-    for entry in (section.get(WILDCARD), section.get(str(task))):
+    for entry in applicable(section, str(task)):
         values = (entry or {}).get(str(algo.name)) if isinstance(entry, dict) else None
         if isinstance(values, dict):
             merged.update(values)
     if not merged:
         return {}, None
     return merged, f"{sim.name} {task}, {algo.name}{' from a checkpoint' if start == 'init' else ''}"
+
+
+def applicable(section: dict[str, Any], task: str) -> list[Any]:
+    """The entries of ``section`` that apply to ``task``, least specific first (later ones win):
+    ``"*"``, then task-family patterns (``"peg-*"``, ``"drawer-*-v3"``: fnmatch globs) from the
+    fewest literal characters to the most, then the task's own entry."""
+    families = [k for k in section if k not in (WILDCARD, task) and any(c in k for c in "*?[")
+                and fnmatch.fnmatchcase(task, k)]
+    families.sort(key=lambda k: len(k) - sum(k.count(c) for c in "*?[]"))
+    return [section.get(WILDCARD), *(section[k] for k in families), section.get(task)]
 
 
 def override_text(key: str, value: Any) -> str:

@@ -68,6 +68,22 @@ def test_keys_the_config_lacks_are_skipped_and_wildcards_apply_to_every_task(mon
     assert cfg.algo.epochs == 5 and list(cfg.recommended["keys"]) == ["algo.epochs"]  # the task's own entry wins
 
 
+def test_task_family_patterns_sit_between_the_wildcard_and_the_task(monkeypatch, tmp_path):
+    """A family entry (an fnmatch glob) wins over "*"; a narrower family over a wider one; the task's
+    own entry over both; a user's override over all."""
+    _with_recommendation(monkeypatch, tmp_path, "task_key: env_id\nscratch:\n"
+                                                "  '*':\n    ppo:\n      algo.epochs: 3\n      algo.lr: 0.1\n"
+                                                "  'Moun*':\n    ppo:\n      algo.epochs: 4\n      algo.gamma: 0.5\n"
+                                                "  'MountainCar*':\n    ppo:\n      algo.epochs: 6\n"
+                                                "  MountainCar-v0:\n    ppo:\n      algo.lr: 0.2\n")
+    cfg = compose("rl", ["sim.env_id=MountainCar-v0"])
+    assert (cfg.algo.epochs, cfg.algo.lr, cfg.algo.gamma) == (6, 0.2, 0.5)
+    cfg = compose("rl", ["sim.env_id=MountainCarContinuous-v0"])  # the families, not the other task's entry
+    assert (cfg.algo.epochs, cfg.algo.lr, cfg.algo.gamma) == (6, 0.1, 0.5)
+    assert compose("rl", ["sim.env_id=Acrobot-v1"]).algo.epochs == 3
+    assert compose("rl", ["sim.env_id=MountainCar-v0", "algo.epochs=9"]).algo.epochs == 9
+
+
 def test_a_broken_recommendation_is_one_line_naming_it(monkeypatch, tmp_path):
     _with_recommendation(monkeypatch, tmp_path, "scratch:\n  CartPole-v1:\n    ppo:\n      algo.epochs: many\n")
     with pytest.raises(UserError) as err:
