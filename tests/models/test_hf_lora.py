@@ -128,11 +128,13 @@ def test_reference_is_the_base_with_the_adapter_off_and_copies_nothing(tmp_path)
     assert _live_tensor_bytes() - before < 4096  # nothing of the model was copied
     assert ref is not policy and not isinstance(ref, torch.nn.Module)
     assert torch.equal(_logp(ref, batch), _logp(policy, batch))  # B = 0 at the start: identical
-    assert torch.equal(_logp(ref, batch), _logp(base, batch))
+    # another model object: the same weights, but MKL's sums may depend on where they lie in memory
+    # (seen in the suite: bits differed after other tests ran first, never the values)
+    assert torch.allclose(_logp(ref, batch), _logp(base, batch), rtol=0, atol=1e-5)
 
     _train_step(policy, batch)
     assert not torch.allclose(_logp(policy, batch), _logp(base, batch), atol=1e-4)  # the policy moved ...
-    assert torch.equal(_logp(ref, batch), _logp(base, batch))  # ... the reference is still the base
+    assert torch.allclose(_logp(ref, batch), _logp(base, batch), rtol=0, atol=1e-5)  # ... the reference is still the base
     base_now = lora.base_state_dict(policy.lm)
     assert all(torch.equal(base_now[k], v) for k, v in base.lm.state_dict().items())  # and the base never trained
     policy.train()
