@@ -25,6 +25,15 @@ def machine_line() -> str:
             f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
+def seeds(text: str) -> list[int]:
+    """``"0-3,7"`` -> [0, 1, 2, 3, 7]: the seed lists benchmark flags take."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import seeds  # noqa: E402
+
 BIN = Path(sys.executable).with_name("rlinf")
 TINY = ["model.hidden_size=64", "model.layers=2", "model.heads=2", "model.kv_heads=1", "model.intermediate_size=128"]
 QUIET = ["tracking.enabled=false", "progress=false"]
@@ -86,14 +89,6 @@ def overlap(out: Path, iterations: int) -> None:
         over = [m["time/generation_overlap_frac"] for m in rows if "time/generation_overlap_frac" in m]
         print(f"| {mode} | {step:.1f} | {statistics.median(busy):.2f} | {statistics.median(over):.2f} |" if busy else
               f"| {mode} | {step:.1f} | - | - |", flush=True)
-
-
-def seeds(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def main() -> None:

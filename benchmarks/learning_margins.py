@@ -25,15 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _common import seeds  # noqa: E402
 from portable import CONFIGS, environment  # noqa: E402  (tools/ is not a package)
-
-
-def seeds(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def run(args: argparse.Namespace, tests: list[str]) -> None:
