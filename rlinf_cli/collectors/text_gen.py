@@ -10,8 +10,9 @@ whole batch would have reached), so a run's sampler stream is the in-process one
 **Exact parts.** A model whose ``generate`` takes ``part=`` (``model=hf``) samples a part's rows as
 the whole batch would (rlinf_model_hf/sampling.py: the whole batch's noise, its prompt width, its
 kernels), where this machine's matrix products give a row the same bits whatever the batch's row
-count: :func:`parts_are_exact` asks the policy itself once (MKL's default path does from 4 rows on;
-``MKL_CBWR=COMPATIBLE`` does not). A part cannot see the batch's later turns (which rows called a
+count: :func:`parts_are_exact` asks the policy itself, once per batch shape (MKL's default path gave
+equal bits at the shapes tested; ``MKL_CBWR=COMPATIBLE`` computes the last rows of a block of 4 with
+other kernels from 8 rows on, so its parts differ at most shapes). A part cannot see the batch's later turns (which rows called a
 tool), nor when the first completion of a batch whose prompts all have one length ends (transformers
 attends without a mask until then). With ``runtime.max_staleness=0`` (exact by promise) a batch that
 a part could not sample exactly is not split: one worker samples all of it, in turn. With
@@ -25,7 +26,7 @@ import hashlib
 import inspect
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlinf_cli.api import TextSample
 from rlinf_cli.collectors.text_sampling import Completion, Part, prompt_ids, sample_completions
@@ -128,37 +129,54 @@ class Ticket:
 PROBE = ["1+2=", "34+56=", "7=", "890+12=", "5+5=", "66+7="]  # prompts of several lengths
 
 
-def parts_are_exact(policy: Any) -> bool:
-    """Whether parts of a batch sampled with ``generate(..., part=)`` give the whole batch's bits on this
-    machine: six prompts, two completions each, sampled whole and in parts of 1+5 and 3+3 prompts."""
+def parts_are_exact(policy: Any, prompts: int = 6, samples: int = 2,
+                    runs: Sequence[tuple[int, int]] | None = None) -> bool:
+    """Whether a batch of ``prompts`` prompts x ``samples`` completions, cut into ``runs`` of prompts (the
+    rollout's split over two workers unless given), samples the whole batch's bits part by part on this
+    machine. Asked at the batch's own shape and at four prompt widths: some kernels give a row other bits
+    by the batch's row count and by the row's place in the last block of rows (``MKL_CBWR=COMPATIBLE``:
+    blocks of 4 from 8 rows on), and a prefill's row count is prompts x width, so a probe at another
+    shape said yes where the rollout's parts differed."""
     import torch
 
-    if "part" not in inspect.signature(policy.generate).parameters:
+    if "part" not in inspect.signature(policy.generate).parameters or prompts < 2:
         return False
-    prompts = policy.encode_prompts(PROBE)
-    lengths = [len(p) for p in prompts]
-    shape = (max(lengths), min(lengths) < max(lengths))
-    kw = dict(samples=2, max_new_tokens=6, **({"values": True} if getattr(policy, "has_critic", False) else {}))
-    whole = policy.generate(prompts, generator=torch.Generator(policy.device).manual_seed(0), **kw)
-    for lo, hi in ((0, 1), (1, 6), (0, 3), (3, 6)):
-        rows = list(range(2 * lo, 2 * hi))
-        part = policy.generate(prompts[lo:hi], generator=torch.Generator(policy.device).manual_seed(0),
-                               part=(rows, 2 * len(prompts), *shape), **kw)
-        T = part.tokens.shape[1]
-        pairs = [(part.tokens, whole.tokens[rows, :T]), (part.logprobs, whole.logprobs[rows, :T]),
-                 (part.lengths, whole.lengths[rows])]
-        if part.values is not None:
-            pairs.append((part.values, whole.values[rows, :T]))
-        if not all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs):
-            return False
+    runs = list(runs) if runs is not None else split(prompts, 2)
+    base = policy.encode_prompts(PROBE)
+    kw = dict(samples=samples, max_new_tokens=6, **({"values": True} if getattr(policy, "has_critic", False) else {}))
+    for extra in range(4):
+        ids = [list(base[i % len(base)]) for i in range(prompts)]
+        longest = max(range(prompts), key=lambda i: len(ids[i]))
+        ids[longest] += ids[longest][-1:] * extra
+        if len({len(p) for p in ids}) == 1:  # split batches are padded ones (the rollout's rule)
+            ids[0] = ids[0][1:]
+        width = max(len(p) for p in ids)
+        whole = policy.generate(ids, generator=torch.Generator(policy.device).manual_seed(extra), **kw)
+        for lo, hi in runs:
+            rows = list(range(samples * lo, samples * hi))
+            part = policy.generate(ids[lo:hi], generator=torch.Generator(policy.device).manual_seed(extra),
+                                   part=(rows, samples * prompts, width, True), **kw)
+            T = part.tokens.shape[1]
+            pairs = [(part.tokens, whole.tokens[rows, :T]), (part.logprobs, whole.logprobs[rows, :T]),
+                     (part.lengths, whole.lengths[rows])]
+            if part.values is not None:
+                pairs.append((part.values, whole.values[rows, :T]))
+            if not all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs):
+                return False
     return True
 
 
 class TextGeneration:
     """The text rollout's side of its generation workers: requests split, replies merged, the sampler carried."""
 
-    def __init__(self, pool: GenerationPool, task: Any, tools: Toolbox, exact: bool, parts_exact: bool = True):
-        self.pool, self.task, self.tools, self.exact, self.parts_exact = pool, task, tools, exact, parts_exact
+    def __init__(self, pool: GenerationPool, task: Any, tools: Toolbox, exact: bool,
+                 parts_exact: bool | Callable[..., bool] = True):
+        """``parts_exact``: whether parts sample the whole batch's bits, or the probe that says so for a
+        batch shape (:func:`parts_are_exact`), asked once per shape."""
+        self.pool, self.task, self.tools, self.exact = pool, task, tools, exact
+        self._probe = parts_exact
+        self._probed: dict[tuple[int, int, tuple[tuple[int, int], ...]], bool] = {}
+        self.parts_exact = bool(parts_exact) if not callable(parts_exact) else True
         self._turn = 0  # which worker samples an unsplit batch next
         self.parts: list[int] = []  # how many workers each request waited for went to (since the last metrics)
         self.busy: list[tuple[float, float]] = []  # each such request's first start and last end in a worker
@@ -169,7 +187,7 @@ class TextGeneration:
         self.pool.publish(policy, version)
         base = dict(group_size=group_size, max_new_tokens=max_new_tokens, values=values, state=state_of(generator))
         part_ok = "part" in inspect.signature(policy.generate).parameters
-        runs = self._runs(policy, samples, part_ok)
+        runs = self._runs(policy, samples, part_ok, group_size)
         if len(runs) == 1:  # the whole batch, as in the trainer, on the next worker in turn
             w = self._turn % self.pool.num_workers
             self._turn += 1
@@ -181,16 +199,26 @@ class TextGeneration:
             payloads[w] = SampleRequest(list(samples[lo:hi]), part=part, stream=None if part_ok else w, **base)
         return Ticket(self.pool.submit(payloads), list(payloads))
 
-    def _runs(self, policy: Any, samples: Sequence[TextSample], part_ok: bool) -> list[tuple[int, int]]:
+    def _runs(self, policy: Any, samples: Sequence[TextSample], part_ok: bool, group_size: int) -> list[tuple[int, int]]:
         """The prompts of each part: one run per worker, unless the request must be exact (max_staleness=0)
         and a part could not be (see the module's doc)."""
         whole = [(0, len(samples))]
         if self.pool.num_workers < 2 or len(samples) < 2:
             return whole
-        if self.exact and (not part_ok or not self.parts_exact or int(self.task.max_turns) > 1
-                           or not self._width(policy, samples)[1]):
+        runs = split(len(samples), self.pool.num_workers)
+        if self.exact and (not part_ok or int(self.task.max_turns) > 1 or not self._width(policy, samples)[1]
+                           or not self.exact_parts(policy, len(samples), group_size, runs)):
             return whole
-        return split(len(samples), self.pool.num_workers)
+        return runs
+
+    def exact_parts(self, policy: Any, prompts: int, samples: int, runs: Sequence[tuple[int, int]]) -> bool:
+        """Whether this batch shape's parts sample the whole batch's bits (probed once per shape, in the trainer)."""
+        if not callable(self._probe):
+            return bool(self._probe)
+        key = (prompts, samples, tuple(runs))
+        if key not in self._probed:
+            self._probed[key] = bool(self._probe(policy, prompts, samples, list(runs)))
+        return self._probed[key]
 
     def _width(self, policy: Any, samples: Sequence[TextSample]) -> tuple[int, bool]:
         """The batch's longest prompt in tokens, and whether some prompt is shorter."""
@@ -228,10 +256,15 @@ def _set_state(generator: Any, state: bytes) -> None:
 
 
 def start(executor: Any, policy: Any, task: Any, tools: Toolbox, placement: Any, runtime: Any, version: int,
-          exact: bool) -> TextGeneration:
-    """Start the workers (each builds the policy and the task's tools once)."""
+          exact: bool, shape: tuple[int, int] | None = None) -> TextGeneration:
+    """Start the workers (each builds the policy and the task's tools once); ``shape``: the run's usual
+    batch (prompts, completions each), whose parts are probed at once (``parts_exact``: the start says
+    whether it splits; other shapes, such as refill rounds, are probed when first requested)."""
     import torch
 
-    probe = exact and placement.workers > 1 and parts_are_exact(policy)  # before the workers share the cores
+    workers = int(placement.workers)
     pool = GenerationPool(executor, policy, TextSamplingJob(task), placement, runtime, version, torch.get_num_threads())
-    return TextGeneration(pool, task, tools, exact, probe)
+    gen = TextGeneration(pool, task, tools, exact, parts_are_exact)
+    if exact and workers > 1 and shape is not None:
+        gen.parts_exact = gen.exact_parts(policy, shape[0], shape[1], split(shape[0], workers))
+    return gen

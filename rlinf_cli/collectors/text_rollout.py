@@ -73,8 +73,10 @@ class TextRollout:
         host = self.host or EnvSettings(None, {})
         executor = make_executor(host.executor or {"name": "local"}, host.runtime)
         k = int(self.settings.max_staleness)
+        spec = self._spec  # the usual request: T x N prompts of one completion, or the groups of an iteration
+        shape = (spec.steps * int(self.settings.num_envs), 1) if spec.kind == "steps" else (spec.groups, spec.group_size)
         self.generation = text_gen.start(executor, policy, self.task, self.tools, placement, runtime_config(host.runtime),
-                                         int(state["iteration"]), exact=k == 0)
+                                         int(state["iteration"]), exact=k == 0, shape=shape)
         how = "synchronous" if k == 0 else "each iteration's first draw requested before the update before it"
         if k == 0 and placement.workers > 1:
             how += ("; a batch is split over the workers where its parts sample the in-process bits"

@@ -1,15 +1,20 @@
 """model=hf's ``generate(..., part=)``: a batch split over generation workers samples, part by part,
-the bits the whole batch samples, and leaves the generator where the whole batch leaves it, on a
-machine whose matrix products give a row the same bits whatever the row count (MKL's default path;
-not ``MKL_CBWR=COMPATIBLE``, which ``make test-portable`` sets: there the probe the text rollout
-asks, ``parts_are_exact``, must say no, and the rollout does not split a batch at max_staleness=0)."""
+the bits the whole batch samples, and leaves the generator where the whole batch leaves it, at the
+batch shapes where this machine's matrix products give a row the same bits whatever the row count.
+The probe the text rollout asks per shape, ``parts_are_exact``, says where (MKL's default path: the
+shapes here; ``MKL_CBWR=COMPATIBLE``, which ``make test-portable`` sets, computes a block's last rows
+with other kernels: there it says no at most shapes, the tests of those shapes skip, and the rollout
+does not split such a batch at max_staleness=0). A probe that said yes at its own shape and was
+trusted at another let the portable run's parts differ: each test asks at its own shape."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rlinf_cli.collectors.text_gen import parts_are_exact
+from rlinf_cli.collectors.text_gen import TextGeneration, parts_are_exact
 from rlinf_model_hf.model import HFCausalLM
 from rlinf_model_hf.sampling import BATCH_INVARIANT_ROWS, pad_part
 
@@ -27,9 +32,16 @@ def policy():
     return HFCausalLM(TINY)
 
 
-@pytest.fixture(scope="module")
-def exact(policy) -> bool:
-    return parts_are_exact(policy)
+def _runs(cuts):
+    return list(zip(cuts, cuts[1:]))
+
+
+def _exact(policy, P, G, cuts) -> bool:
+    return parts_are_exact(policy, P, G, _runs(cuts))
+
+
+NOT_HERE = ("this machine's matrix products give parts of this batch shape other bits (the probe says so); "
+            "the text rollout does not split such a batch at max_staleness=0")
 
 
 def _parts(policy, prompts, G, cuts, seed=7, values=False):
@@ -86,10 +98,9 @@ def test_the_inverse_cdf_draw_follows_the_distribution_and_never_takes_a_zero():
 
 @pytest.mark.parametrize("P, G, cuts", [(8, 4, [0, 4, 8]), (8, 4, [0, 1, 8]), (2, 4, [0, 1, 2]), (3, 1, [0, 1, 3]),
                                         (10, 2, [0, 5, 10]), (4, 2, [0, 1, 2, 3, 4])])
-def test_parts_of_a_padded_batch_sample_its_bits(policy, exact, P, G, cuts):
-    if not exact:
-        pytest.skip("this machine's matrix products depend on the row count (the probe says so: "
-                    "test_the_probe_says_what_parts_do); the text rollout does not split batches here")
+def test_parts_of_a_padded_batch_sample_its_bits(policy, P, G, cuts):
+    if not _exact(policy, P, G, cuts):
+        pytest.skip(NOT_HERE)
     prompts = policy.encode_prompts(MIXED[:P])
     assert len({len(p) for p in prompts}) > 1  # a padded batch
     whole, state, merged, furthest = _parts(policy, prompts, G, cuts)
@@ -98,19 +109,49 @@ def test_parts_of_a_padded_batch_sample_its_bits(policy, exact, P, G, cuts):
     assert torch.equal(furthest, state)  # the trainer's generator continues as after the whole batch
 
 
-def test_the_probe_says_what_parts_do(policy, exact):
-    whole, state, merged, furthest = _parts(policy, policy.encode_prompts(MIXED[:8]), 4, [0, 1, 5, 8])
-    same = torch.equal(merged["tokens"], whole.tokens) and torch.equal(merged["logprobs"], whole.logprobs)
-    assert same == exact
+class _Skewed:
+    """The policy, but a part whose rows do not start the batch returns log-probs one ulp off: parts
+    that differ from the whole batch as a lesser kernel makes them differ."""
+
+    def __init__(self, policy):
+        self.policy, self.device = policy, policy.device
+
+    def encode_prompts(self, texts):
+        return self.policy.encode_prompts(texts)
+
+    def generate(self, prompts, *, part=None, **kw):
+        out = self.policy.generate(prompts, part=part, **kw)
+        if part is not None and min(part[0]) > 0:
+            out.logprobs = torch.nextafter(out.logprobs, torch.full_like(out.logprobs, -1.0))
+        return out
 
 
-def test_parts_with_a_value_head(policy, exact):
-    if not exact:
-        pytest.skip("this machine's matrix products depend on the row count (the probe says so)")
+def test_the_probe_says_no_where_parts_differ_and_a_model_without_parts_never_splits(policy):
+    assert not parts_are_exact(_Skewed(policy), 8, 4, _runs([0, 1, 5, 8]))
+    assert not parts_are_exact(SimpleNamespace(generate=lambda prompts, *, samples, **kw: None), 8, 4)
+
+
+def test_the_rollout_asks_the_probe_once_per_batch_shape(policy):
+    asked = []
+
+    def probe(pol, prompts, samples, runs):
+        asked.append((prompts, samples, tuple(runs)))
+        return prompts == 8
+
+    gen = TextGeneration(SimpleNamespace(num_workers=2), SimpleNamespace(max_turns=1), SimpleNamespace(schemas=[]),
+                         True, probe)
+    assert gen.exact_parts(policy, 8, 4, [(0, 4), (4, 8)]) and gen.exact_parts(policy, 8, 4, [(0, 4), (4, 8)])
+    assert not gen.exact_parts(policy, 6, 4, [(0, 3), (3, 6)])
+    assert asked == [(8, 4, ((0, 4), (4, 8))), (6, 4, ((0, 3), (3, 6)))]
+
+
+def test_parts_with_a_value_head(policy):
     policy.add_critic()
     try:
         with torch.no_grad():
             policy.value_head.linear.weight.normal_(generator=torch.Generator().manual_seed(1))
+        if not _exact(policy, 8, 1, [0, 3, 8]):  # the probe samples values too once the policy has a critic
+            pytest.skip(NOT_HERE)
         whole, _, merged, _ = _parts(policy, policy.encode_prompts(MIXED[:8]), 1, [0, 3, 8], values=True)
         assert torch.equal(merged["values"], whole.values) and torch.equal(merged["tokens"], whole.tokens)
     finally:
