@@ -129,3 +129,25 @@ def tracker_client(tmp_path):
     from rlinf_cli.tracking import default_uri
 
     return MlflowClient(default_uri(tmp_path / "runs"))
+
+
+class _StoppedInDel:
+    """Takes the signal inside its __del__, where Python drops any exception ("Exception ignored in")."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at one of these bytecodes, inside __del__
+            time.sleep(0.001)
+
+
+def test_a_stop_python_drops_in_a_finalizer_is_delivered_again(handlers, capsys):
+    """`rlinf eval` ran on after SIGINT: the stop was raised in SQLAlchemy's weakref callback and
+    dropped. It is sent again, lands in ordinary code, and counts as one stop, printed by no one."""
+    with pytest.raises(Interrupted) as caught:
+        obj = _StoppedInDel()
+        del obj  # __del__ runs here: the stop raised inside it is dropped by Python
+        for _ in range(1000):
+            time.sleep(0.001)
+        pytest.fail("the stop dropped in __del__ was not delivered again")
+    assert caught.value.signum == signal.SIGINT and stops.STOPS == [caught.value]
+    assert "Exception ignored" not in capsys.readouterr().err
