@@ -12,8 +12,8 @@ the whole batch would (rlinf_model_hf/sampling.py: the whole batch's noise, its 
 kernels), where this machine's matrix products give a row the same bits whatever the batch's row
 count: :func:`parts_are_exact` asks the policy itself, once per batch shape (MKL's default path gave
 equal bits at the shapes tested; ``MKL_CBWR=COMPATIBLE`` computes the last rows of a block of 4 with
-other kernels from 8 rows on, so its parts differ at most shapes). A part cannot see the batch's later turns (which rows called a
-tool), nor when the first completion of a batch whose prompts all have one length ends (transformers
+other kernels from 8 rows on, so its parts differ at most shapes). A part cannot see the batch's
+later turns (which rows called a tool), nor when the first completion of a batch whose prompts all have one length ends (transformers
 attends without a mask until then). With ``runtime.max_staleness=0`` (exact by promise) a batch that
 a part could not sample exactly is not split: one worker samples all of it, in turn. With
 ``max_staleness >= 1`` it is split anyway (a model without ``part=``: each part draws from a stream
@@ -199,7 +199,8 @@ class TextGeneration:
             payloads[w] = SampleRequest(list(samples[lo:hi]), part=part, stream=None if part_ok else w, **base)
         return Ticket(self.pool.submit(payloads), list(payloads))
 
-    def _runs(self, policy: Any, samples: Sequence[TextSample], part_ok: bool, group_size: int) -> list[tuple[int, int]]:
+    def _runs(self, policy: Any, samples: Sequence[TextSample], part_ok: bool,
+              group_size: int) -> list[tuple[int, int]]:
         """The prompts of each part: one run per worker, unless the request must be exact (max_staleness=0)
         and a part could not be (see the module's doc)."""
         whole = [(0, len(samples))]
