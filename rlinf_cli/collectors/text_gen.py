@@ -14,11 +14,11 @@ count: :func:`parts_are_exact` asks the policy itself, once per batch shape (MKL
 equal bits at the shapes tested; ``MKL_CBWR=COMPATIBLE`` computes the last rows of a block of 4 with
 other kernels from 8 rows on, so its parts differ at most shapes). A part cannot see the batch's
 later turns (which rows called a tool), nor when the first completion of a batch whose prompts all
-have one length ends (transformers attends without a mask until then). With ``runtime.max_staleness=0`` (exact by promise) a batch that
-a part could not sample exactly is not split: one worker samples all of it, in turn. With
-``max_staleness >= 1`` it is split anyway (a model without ``part=``: each part draws from a stream
-of its own; decorrelated, not the in-process draws).
-"""
+have one length ends (transformers attends without a mask until then). With
+``runtime.max_staleness=0`` (exact by promise) a batch that a part could not sample exactly is not
+split: one worker samples all of it, in turn. With ``max_staleness >= 1`` it is split anyway (a
+model without ``part=``: each part draws from a stream of its own; decorrelated, not the in-process
+draws)."""
 
 from __future__ import annotations
 
