@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# rlinf's whole GPU path end to end, as one table (about 6-12 minutes on one GPU). Prepared on a
-# CPU-only machine: run it where a CUDA GPU is present, with rlinf and its plugins installed
+# rlinf's whole GPU path end to end, as one table (about 6-12 minutes on one GPU for checks 1-9; check 10
+# adds a pixel collect, SFT and PPO run: CASES="1 2 3 4 5 6 7 8 9" leaves it out where the time is short).
+# Prepared on a CPU-only machine: run it where a CUDA GPU is present, with rlinf and its plugins installed
 # (`make install`, or wheels brought in where there is no network).
 #
 #   bash benchmarks/gpu_check.sh            # every check; exits non-zero if one failed
@@ -23,6 +24,12 @@
 #   9. weight sync by broadcast: the same run with placement.generation.sync=broadcast (executor=local:
 #      workers share the trainer's GPU, so gloo through the host), then benchmarks/broadcast_check.py:
 #      a 135M-parameter version sent by NCCL from GPU 0 to GPU 1 (needs >= 2 devices), bit-equal, timed
+#  10. the flow head (pi0-style action expert, model.head=flow, Flow-SDE: the noise mode that learned on
+#      the state, docs/vla.md) on the 8 Meta-World tasks
+#      of benchmarks/vla_metaworld.py from pixels (rgb + proprio + instruction): the experts collect
+#      FLOW_DEMOS demos per task (EGL render), flow-matching SFT bf16 on the device, PPO from the
+#      clone (FLOW_PPO_STEPS chunks), both evaluated on 10 held-out seeds per task; passes when the
+#      updates are finite and both evaluations ran (the success rates are reported, not required)
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +39,7 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export MUJOCO_GL="${MUJOCO_GL:-egl}" OMP_NUM_THREADS=1
 ACCEL="${ACCEL:-cuda}"
-CASES="${CASES:-1 2 3 4 5 6 7 8 9}"  # the checks to run, e.g. CASES="6 7"
+CASES="${CASES:-1 2 3 4 5 6 7 8 9 10}"  # the checks to run, e.g. CASES="6 7"
 BF16=true; [ "$ACCEL" = cpu ] && BF16=false
 COMMON=(tracking.enabled=false progress=false quiet=true "accelerator=$ACCEL")
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
@@ -166,6 +173,34 @@ if timed "$PY" benchmarks/broadcast_check.py --backend $backend --receivers 1 --
   if grep -q '^SKIP' "$OUT/last.log"; then row "9b $backend weight broadcast, 135M" SKIP "$(tail -1 "$OUT/last.log")" $LAST_S
   else row "9b $backend weight broadcast, 135M" PASS "$(tail -1 "$OUT/last.log")" $LAST_S; fi
 else row "9b $backend weight broadcast, 135M" FAIL "$(tail -1 "$OUT/last.log")" $LAST_S; fi
+fi
+
+if want 10; then
+FLOW_DEMOS="${FLOW_DEMOS:-3}"; FLOW_SFT_EPOCHS="${FLOW_SFT_EPOCHS:-100}"; FLOW_PPO_STEPS="${FLOW_PPO_STEPS:-8000}"
+[ "$ACCEL" = cpu ] && { FLOW_DEMOS=1; FLOW_SFT_EPOCHS=2; FLOW_PPO_STEPS=256; }  # the CPU validates the commands only
+TASKS8=reach-v3,push-v3,drawer-close-v3,drawer-open-v3,button-press-topdown-v3,window-open-v3,window-close-v3,door-open-v3
+PIX=(sim=metaworld "sim.tasks=[$TASKS8]" sim.obs=state_rgb sim.max_episode_steps=100)
+FLOW=(model=vla model.head=flow model.chunk=4 model.flow_steps=4 model.flow_noise=sde "model.obs_keys=[rgb,proprio,instruction]" train.bf16=$BF16)
+t10=$SECONDS; flow_detail=""
+if timed "$RLINF" collect "${COMMON[@]}" "${PIX[@]}" policy=expert only_success=true episodes=$((8 * FLOW_DEMOS)) \
+      num_envs=8 output="$OUT/flow_data" run_dir="$OUT/flow_collect" \
+   && timed "$RLINF" sft "${COMMON[@]}" dataset="$OUT/flow_data" "${FLOW[@]}" algo.epochs=$FLOW_SFT_EPOCHS \
+      algo.minibatch_size=64 val_fraction=0 eval.episodes=80 run_dir="$OUT/flow_sft" \
+   && timed "$RLINF" rl --algo ppo "${COMMON[@]}" init="$OUT/flow_sft/checkpoints/best" num_envs=16 algo.rollout_steps=64 \
+      total_steps=$FLOW_PPO_STEPS algo.lr=3e-5 algo.epochs=4 algo.minibatch_size=128 algo.anneal_lr=false \
+      algo.critic_warmup_iters=5 algo.critic_warmup_lr=1e-3 algo.target_kl=0.02 train.bf16=$BF16 eval.episodes=80 \
+      run_dir="$OUT/flow_ppo"; then
+  flow_detail=$("$PY" -c "
+import json, math, sys
+m = [json.loads(x) for x in open(sys.argv[2] + '/metrics.jsonl')]
+s = [x for x in m if 'train/approx_kl' in x]
+assert s and all(math.isfinite(x['train/approx_kl']) for x in s)
+sft, ppo = (json.load(open(d + '/result.json'))['eval']['success_once'] for d in sys.argv[1:3])
+print(f'8 tasks from pixels: flow SFT {sft:.0%} -> PPO Flow-SDE {ppo:.0%} (80 held-out episodes each), {len(s)} PPO iterations')
+" "$OUT/flow_sft" "$OUT/flow_ppo" 2>/dev/null)
+  [ -n "$flow_detail" ] && row "10 flow head, 8 tasks from pixels" PASS "$flow_detail" $((SECONDS - t10)) \
+    || row "10 flow head, 8 tasks from pixels" FAIL "no finite PPO update or no evaluation in the run dirs" $((SECONDS - t10))
+else row "10 flow head, 8 tasks from pixels" FAIL "$(tail -1 "$OUT/last.log")" $((SECONDS - t10)); fi
 fi
 
 echo
