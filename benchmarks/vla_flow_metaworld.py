@@ -6,7 +6,8 @@ One multi-task VLA reads the instruction (the task set of `benchmarks/vla_metawo
 scripted experts collect ``--demos`` demonstrations per task once (collect seed 0); per training
 seed s every arm clones them with ``rlinf sft seed=s``:
 
-- ``chunk``: `model.head=chunk` (K Gaussian actions from K query tokens), the clone only;
+- ``chunk``: `model.head=chunk` (K Gaussian actions from K query tokens), the clone (with
+  ``--chunk-ppo`` also its PPO at the chunk head's recommended settings, the reference RL row);
 - ``flow-noise``: `model.head=flow model.flow_noise=noise`, cloned by flow matching, then `rlinf
   rl --algo ppo init=<clone>` (a learned std at each denoising step);
 - ``flow-sde``: the same with `model.flow_noise=sde` (the ODE as an SDE at level
@@ -17,7 +18,8 @@ differ only in the random initialisation the extra module shifts. RL keeps its b
 validation seeds, the clone included (`eval.best`, the default). Every policy is evaluated on
 the same ``--eval-episodes`` held-out seeds per task (1,000,000+) with the deterministic ODE.
 
-    python benchmarks/vla_flow_metaworld.py                       # the table (~1.5 h on 2 cores)
+    python benchmarks/vla_flow_metaworld.py                       # the table (~1 h wall on 2 cores)
+    python benchmarks/vla_flow_metaworld.py --chunk-ppo           # + the chunk head's PPO row (~25 min more)
     python benchmarks/vla_flow_metaworld.py --seeds 0 --ppo-steps 2000 --eval-episodes 2 --out /tmp/q  # smoke
 
 Prints per task the median over seeds (range) of each arm's held-out success, the 8-task means,
