@@ -76,7 +76,7 @@ class VLAConfig:
     vit_patch_size: int = 14
     backbone: dict[str, Any] = field(default_factory=dict)  # rlinf-model-hf's HFConfig keys
     flow_steps: int = 4  # flow head: denoising steps N per chunk (rlinf_model_mlp/flow.py)
-    flow_noise: str = "noise"  # flow head: noise (Flow-Noise) | sde (Flow-SDE)
+    flow_noise: str = "sde"  # flow head: sde (Flow-SDE; measured to learn where noise did not) | noise (Flow-Noise)
     flow_sde_level: float = 0.5  # flow_noise=sde: noise level a
     flow_std_min: float = 0.02  # flow_noise=noise: bounds of the learned per-step std (scaled units)
     flow_std_max: float = 0.3
