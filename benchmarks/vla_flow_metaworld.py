@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line, run_stage  # noqa: E402
+from metaworld_mt10 import cell  # noqa: E402
+from metaworld_pipeline import kept as kept_checkpoint  # noqa: E402
 from vla_metaworld import PPO_VLA, TASKS  # noqa: E402
 
 # PPO for the flow head. The chain's log-prob sums N steps x K x d Gaussian terms with stds of
@@ -49,11 +51,6 @@ PPO_FLOW = ["algo.rollout_steps=64", "algo.lr=3e-5", "algo.epochs=4", "algo.mini
             "algo.anneal_lr=false", "algo.critic_warmup_iters=15", "algo.critic_warmup_lr=1e-3",
             "algo.target_kl=0.02"]
 ARMS = ("chunk", "flow-noise", "flow-sde")
-
-
-def cell(values: list[float]) -> str:
-    med = statistics.median(values)
-    return f"{med:.0%}" if len(values) == 1 else f"{med:.0%} ({min(values):.0%}-{max(values):.0%})"
 
 
 def stage(args: list[str], log: Path) -> dict:
@@ -76,8 +73,8 @@ def arm(name: str, seed: int, a: argparse.Namespace, root: Path, data: Path) -> 
                                                           f"model.flow_steps={a.flow_steps}"]
     cpu, secs = 0.0, {}
     res = stage(["sft", *common, f"dataset={data}", *head, f"algo.epochs={a.sft_epochs}", "algo.minibatch_size=64",
-                     "val_fraction=0", "eval.episodes=0", *(a.sft_set if name != "chunk" else []),
-                     f"run_dir={out / 'sft'}"], log)
+                 "val_fraction=0", "eval.episodes=0", *(a.sft_set if name != "chunk" else []),
+                 f"run_dir={out / 'sft'}"], log)
     cpu, secs["sft"] = cpu + res["cpu_s"], res["wall_s"]
     ckpts = {"SFT": res["checkpoint"]}
     kept = None
@@ -86,17 +83,16 @@ def arm(name: str, seed: int, a: argparse.Namespace, root: Path, data: Path) -> 
         # the chunk head at docs/vla.md's recommended settings (vla_metaworld.py's), the reference
         recipe = ["algo.rollout_steps=64", *PPO_VLA] if name == "chunk" else [*PPO_FLOW, *a.ppo_set]
         res = stage(["rl", "--algo", "ppo", *common, f"init={ckpts['SFT']}", f"num_envs={min(8, 2 * n)}",
-                         f"total_steps={a.ppo_steps}", *recipe, f"eval.interval={a.val_interval}",
-                         f"eval.val_episodes={a.val_episodes * n}", "eval.episodes=0",
-                         f"run_dir={out / 'ppo'}"], log)
+                     f"total_steps={a.ppo_steps}", *recipe, f"eval.interval={a.val_interval}",
+                     f"eval.val_episodes={a.val_episodes * n}", "eval.episodes=0", f"run_dir={out / 'ppo'}"], log)
         cpu, secs["ppo"] = cpu + res["cpu_s"], res["wall_s"]
-        ckpts["PPO"] = (res.get("best") or {}).get("checkpoint") or res["checkpoint"]
+        ckpts["PPO"] = kept_checkpoint(res)
         kept = res.get("kept", "last")
     success: dict[str, dict[str, float]] = {}
     for label, ckpt in ckpts.items():
         res = stage(["eval", *common[:2], f"checkpoint={ckpt}", f"episodes={a.eval_episodes * len(a.tasks)}",
-                         "num_envs=8", f"run_dir={out / ('eval_' + label.lower())}"], log)
-        cpu, secs[f"eval {label}"] = cpu + res["cpu_s"], secs.get(f"eval {label}", 0) + res["wall_s"]
+                     "num_envs=8", f"run_dir={out / ('eval_' + label.lower())}"], log)
+        cpu, secs[f"eval {label}"] = cpu + res["cpu_s"], res["wall_s"]
         per = res.get("per_task") or {a.tasks[0]: res["eval"]}
         success[label] = {t: per[t]["success_once"] for t in a.tasks}
     print(f"[{name} seed {seed}] " + "  ".join(f"{k} {statistics.fmean(v.values()):.0%}" for k, v in success.items())
