@@ -89,20 +89,25 @@ def test_a_member_lost_before_a_broadcast_fails_it_and_the_trainer_leaving_frees
     in one CI run of the whole suite it raised only at the group's timeout. So the bound asserted
     for the send is that timeout (20 s, and the group timeout is the setting that bounds a run's
     wait: ``runtime.worker_timeout_s``); the live member's side, which waits on the closed
-    connections and not on gloo's timeout, is held to well below it."""
+    connections and not on gloo's timeout, is held to well below it.
+
+    Each receiver reports on a queue of its own: a process killed just after its ``put`` can die
+    holding a shared queue's write lock (its feeder thread had not released it yet), and the live
+    member's report then never leaves its process (seen here 2 times in 10 under CPU load, and
+    in CI). The pool talks to each worker over a pipe of its own for the same reason."""
     import time
 
     timeout_s = 20.0
     address = GroupAddress("127.0.0.1", free_port("127.0.0.1"), 3, "gloo", timeout_s, layout_of(_tensors(0)))
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_receive_once, args=(address, r, out)) for r in (1, 2)]
+    outs = [ctx.Queue() for _ in (1, 2)]
+    procs = [ctx.Process(target=_receive_once, args=(address, r, out)) for r, out in zip((1, 2), outs)]
     for p in procs:
         p.start()
     try:
         sender = Sender(address, "cpu")
         sender.open()
-        assert sorted(out.get(timeout=60) for _ in procs) == [("joined", 1), ("joined", 2)]
+        assert [out.get(timeout=60) for out in outs] == [("joined", 1), ("joined", 2)]
         procs[1].kill()
         procs[1].join(timeout=30)
         t0 = time.monotonic()
@@ -113,7 +118,7 @@ def test_a_member_lost_before_a_broadcast_fails_it_and_the_trainer_leaving_frees
         assert time.monotonic() - t0 < timeout_s + 10  # ends at the latest at the timeout, never hangs
         sender.close()  # the live member's side of the failed broadcast fails now too
         t0 = time.monotonic()
-        state, message = out.get(timeout=60)
+        state, message = outs[0].get(timeout=60)
         # a real bound in the usual case (the send failed within milliseconds); where gloo took its
         # timeout for the send, the live member's own wait has run out too and this only checks the state
         assert state == "failed" and time.monotonic() - t0 < timeout_s / 2, (state, message)
