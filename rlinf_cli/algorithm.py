@@ -240,6 +240,32 @@ class Algorithm:
         """Checked after every epoch with the epoch's mean diagnostics."""
         return False
 
+    # -- demonstrations beside on-policy RL (rl demos=, or the init= clone's own dataset) -------
+    def demo_coef(self, done: float) -> float:
+        """Weight of an imitation loss on a minibatch of demonstrations added to every on-policy
+        minibatch's loss (DAPG-style), ``done`` being the fraction of the run's budget used; 0 = none."""
+        return 0.0
+
+    def demo_loss(self, policy: Any, mb: MiniBatch) -> torch.Tensor:
+        """The imitation loss that :meth:`demo_coef` weighs (demonstrated ``mb.obs`` / ``mb.actions``)."""
+        return imitation_loss(policy, mb, "mse")
+
+
+IMITATION_LOSSES = ("nll", "mse")
+
+
+def imitation_loss(policy: Any, mb: MiniBatch, kind: str) -> torch.Tensor:
+    """Mean loss of a minibatch of demonstrations (``mb.obs``, ``mb.actions``, optional token ``mb.mask``):
+    ``nll``: -log pi(a_expert | s), or the model's own imitation loss where its likelihood is not
+    the one to train (a flow head: flow matching); ``mse``: squared error of the mean action
+    (continuous actions; leaves a Gaussian's std alone, which the likelihood would shrink)."""
+    if kind == "mse":
+        return ((policy.mean_action(mb.obs) - mb.actions) ** 2).sum(-1).mean()
+    own = policy.imitation_loss(mb.obs, mb.actions) if hasattr(policy, "imitation_loss") else None  # a pre-1.3 model has no hook
+    if own is not None:
+        return own
+    return -masked_mean(policy.evaluate(mb.obs, mb.actions).logprob, mb.mask)
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:

@@ -411,7 +411,7 @@ _SURFACE: dict[str, tuple[str, str | None]] = {
     # algorithms
     **{n: ("rlinf_cli.algorithm", n) for n in
        ("Algorithm", "MiniBatch", "OptimSpec", "RolloutSpec", "TrainConfig", "TransitionBatch", "approx_kl",
-        "clipped_surrogate", "linear_decay", "masked_mean", "reference_kl")},
+        "clipped_surrogate", "linear_decay", "masked_mean", "reference_kl", "imitation_loss", "IMITATION_LOSSES")},
     "Experience": ("rlinf_cli.experience", "Experience"),
     # accelerators
     "TorchBackend": ("rlinf_cli.accel", "TorchBackend"),

@@ -149,6 +149,12 @@ class EpisodeDataset:
         for start in range(0, len(perm), mb):
             yield self._batch(perm[start:start + mb])
 
+    def sample(self, size: int, generator: torch.Generator) -> MiniBatch:
+        """``size`` training steps drawn uniformly (with replacement) by ``generator``: the
+        demonstrations beside on-policy RL (rl demos=), drawn from the run's own generator so a
+        resumed run draws what the uninterrupted one would."""
+        return self._batch(self.train_idx[torch.randint(len(self.train_idx), (size,), generator=generator)])
+
     @torch.no_grad()
     def val_loss(self, policy: Any, algo: Algorithm) -> float | None:
         return float(algo.supervised_loss(policy, self._batch(self.val_idx))) if len(self.val_idx) else None

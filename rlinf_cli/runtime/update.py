@@ -65,8 +65,12 @@ def _step(engine: Any, loss: torch.Tensor, stats: dict[str, torch.Tensor]) -> No
 
 
 def update(engine: Any, algo: Algorithm, exp: Experience, batches: Batches, generator: torch.Generator,
-           critic_only: bool = False) -> dict[str, float]:
+           critic_only: bool = False, demos: Any = None, demo_coef: float = 0.0) -> dict[str, float]:
     """One training phase on ``exp``; returns mean diagnostics (``train/...``).
+
+    ``demos`` (a dataset with ``sample(size, generator)``) and ``demo_coef`` > 0: every minibatch's
+    loss gains ``demo_coef`` x the algorithm's imitation loss on as many demonstrated steps
+    (:meth:`Algorithm.demo_loss`), drawn by ``generator`` (not during a critic-only warm-up).
 
     ``batches.epochs(exp, adv, ret, algo, generator)`` yields one iterable of minibatches per
     epoch. ``critic_only`` trains the value loss alone, stepping :meth:`Policy.critic_parameters` (a
@@ -84,6 +88,7 @@ def update(engine: Any, algo: Algorithm, exp: Experience, batches: Batches, gene
     samples = epochs_run = 0
     run_lr = engine.lr
     warm_lr = algo.critic_only_lr() if critic_only else None
+    imitate = demos is not None and demo_coef > 0 and not critic_only
     if warm_lr is not None:  # the schedule sets the lr again at the next iteration; restored below too
         engine.set_lr(warm_lr)
     policy.train()
@@ -94,6 +99,10 @@ def update(engine: Any, algo: Algorithm, exp: Experience, batches: Batches, gene
                 with engine.autocast():  # train.bf16: the forward pass and loss in mixed precision
                     out = policy.evaluate(mb.obs, mb.actions)
                     loss, stats = algo.loss(out, mb)
+                    if imitate:
+                        demo = algo.demo_loss(policy, demos.sample(int(mb.advantages.shape[0]), generator))
+                        loss = loss + demo_coef * demo
+                        stats["demo_loss"] = demo.detach()
                 _step(engine, stats["value_loss_raw"] if critic_only else loss, stats)
                 epoch.add(stats)
                 if epochs_run == 0:

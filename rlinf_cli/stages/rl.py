@@ -37,6 +37,7 @@ class Run:
     state: dict[str, Any]
     saved: Any = None
     reference: Any = None
+    demos: Any = None  # demonstrations beside on-policy RL (on_policy_demos), or None
     cfg_yaml: str = ""
     tracker: Any = None
 
@@ -79,12 +80,12 @@ def setup(cfg: Any) -> Run:
 
     check_best(cfg)
     algo = common.load_algorithm(cfg, "rl")
-    if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must sample it
+    if cfg.get("demos"):  # before any work: the dataset must exist, and the algorithm must use it
         from rlinf_cli.data.dataset import read_meta
 
-        if algo.rollout != "transitions":
-            raise UserError(f"demos= seeds the replay buffer of off-policy algorithms (algo=sac); '{cfg.algo.name}' "
-                            f"learns from rollout='{algo.rollout}' (for demonstrations, use `rlinf sft` then rl init=)")
+        if algo.rollout != "transitions" and algo.demo_coef(0.0) <= 0:
+            raise UserError(f"demos= seeds the replay buffer of off-policy algorithms (algo=sac) or an on-policy "
+                            f"algorithm's imitation term (ppo: algo.bc_coef > 0); '{cfg.algo.name}' has neither here")
         read_meta(Path(str(cfg.demos)))
     resume_dir = Path(cfg.resume) if cfg.resume else None
     accel = common.select_accelerator(cfg.accelerator.name)
@@ -119,7 +120,7 @@ def setup(cfg: Any) -> Run:
         reference = policy.reference(start)
     generator = torch.Generator().manual_seed(int(cfg.seed) + rank)
     run = Run(cfg, ctx, algo, world, policy, engine, generator, rank, world_size,
-              {"iteration": 0, "env_steps": 0}, reference=reference)
+              {"iteration": 0, "env_steps": 0}, reference=reference, demos=on_policy_demos(cfg, algo, world, policy, ctx))
     if resume_dir is not None:
         run.state, run.saved = common.resume(resume_dir, engine, generator, rank)
         ctx.note(f"resuming from {resume_dir} at iteration {run.state['iteration']}")
@@ -128,6 +129,38 @@ def setup(cfg: Any) -> Run:
     if algo.critic_only(int(run.state["iteration"]), bool(cfg.init)):
         declared_critic(policy, algo.name)  # a warm-up with nothing to train: refused before the first rollout
     return run
+
+
+def on_policy_demos(cfg: Any, algo: Any, world: Any, policy: Any, ctx: Any) -> Any:
+    """The demonstrations an on-policy algorithm's imitation term draws from
+    (:meth:`Algorithm.demo_coef` > 0): ``demos=``, else the dataset the ``init=`` clone was trained
+    on (its rlinf.yaml names it); None where the algorithm has no such term."""
+    if algo.rollout == "transitions" or algo.demo_coef(0.0) <= 0:
+        return None
+    source = cfg.get("demos") or trained_on(cfg.get("init"))
+    if not source:
+        raise UserError(f"algorithm '{cfg.algo.name}' imitates demonstrations beside RL (its imitation weight is > 0): "
+                        f"set demos=<dataset> (an init= written by `rlinf sft` names its own)")
+    if world.modality != "embodied":
+        raise UserError(f"demonstrations beside on-policy RL are (observation, action) steps of an embodied "
+                        f"simulator; this run is {world.modality}: set the imitation weight to 0")
+    data = world.recorder.dataset(str(source), 0.0, int(cfg.seed))
+    data.prepare(policy, ctx.note)  # the policy must read what the dataset holds (and acts in its chunks)
+    ctx.note(f"demonstrations: {len(data.train_idx):,} steps from {source}, imitated beside every minibatch "
+             f"(weight {algo.demo_coef(0.0):g})")
+    return data
+
+
+def trained_on(init: Any) -> str | None:
+    """The dataset a checkpoint written by `rlinf sft` was trained on, where it is still there."""
+    from omegaconf import OmegaConf
+
+    saved = Path(str(init)) / "rlinf.yaml" if init else None
+    if saved is None or not saved.is_file():
+        return None
+    node = OmegaConf.load(saved)
+    dataset = node.get("dataset") if node.get("stage") == "sft" else None
+    return str(dataset) if dataset and Path(str(dataset)).exists() else None
 
 
 def note_recommended(run: Run) -> None:
@@ -153,7 +186,8 @@ def iterate(run: Run) -> dict[str, float]:
         exp.ref_logprobs = run.world.rollout.logprobs(run.reference, exp)
     t_rollout = time.perf_counter() - t0
     metrics = update(run.engine, run.algo, exp, run.world.batches, run.generator,
-                     critic_only=run.algo.critic_only(it, bool(run.cfg.init)))
+                     critic_only=run.algo.critic_only(it, bool(run.cfg.init)), demos=run.demos,
+                     demo_coef=run.algo.demo_coef(run.done) if run.demos is not None else 0.0)
     t_update = time.perf_counter() - t0 - t_rollout
     run.state["iteration"] = it + 1
     run.state["env_steps"] += exp.env_steps * run.world_size  # every rank collected its own
@@ -230,6 +264,10 @@ def train(run: Run, progress: Any) -> None:
     try:
         for line in run.world.rollout.start(run.policy, run.algo, run.rank, run.world_size, state, run.saved):
             run.ctx.note(line)
+        norm = getattr(getattr(run.world.rollout, "env", None), "normalizer", None)  # decided by start (auto)
+        if run.demos is not None and norm is not None and norm.keys:
+            raise UserError("the demonstrations beside on-policy RL hold raw observations and this run normalizes "
+                            "them (env.normalize_obs): set env.normalize_obs=false")
         if state["iteration"] == 0 and (eval_every or best):  # where the curve starts; the start is a candidate
             run.tracker.log_metrics(evaluations(run, eval_every, best) | {"iteration": 0.0}, 0)
         while run.world.rollout.units(state) < total:

@@ -148,3 +148,23 @@ def test_a_resumed_run_keeps_the_kl_reference_it_started_from(workdir):
     full, resumed = _metrics(workdir / "full"), _metrics(workdir / "resumed")
     assert len(full) >= iters and resumed == full[5:]  # full[0]: the start's validation (eval.best)
     assert resumed[0]["train/kl_ref"] > 1e-6  # the policy had drifted by then: the reference is the start
+
+
+def test_a_resumed_run_draws_the_demonstrations_the_uninterrupted_one_draws(workdir):
+    """algo.bc_coef imitates demonstrations beside every minibatch, drawn from the run's own
+    generator: a resumed run draws the same steps, so its metrics (demo_loss included) are the
+    uninterrupted run's."""
+    env = _env(None)
+    res = subprocess.run([RLINF, "collect", "policy=expert", "episodes=2", "num_envs=2", "output=demos", "progress=false",
+                          "tracking.enabled=false", "run_dir=c"], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    iters = 8
+    args = [*ARGS[:-1], f"total_steps={16 * 2 * iters}", "eval.episodes=0", "tracking.enabled=false",
+            f"demos={workdir / 'demos'}", "algo.bc_coef=0.5", "algo.bc_loss=nll", "algo.anneal_lr=false",
+            "checkpoint.interval=1", "checkpoint.keep=100"]
+    _run([*args, "run_dir=full"], env)
+    _run([f"resume={workdir / 'full/checkpoints/iter_000004'}", "run_dir=resumed"], env)
+    full, resumed = _metrics(workdir / "full"), _metrics(workdir / "resumed")
+    assert len(full) >= iters and resumed == full[5:]  # full[0]: the start's validation (eval.best)
+    demo = [r["train/demo_loss"] for r in resumed if "train/policy_loss" in r]  # not the final validation's row
+    assert len(demo) == iters - 4 and all(v > 0 for v in demo), resumed

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rlinf_cli.api import Algorithm, MiniBatch, TrainConfig, masked_mean, UserError, Policy
+from rlinf_cli.api import IMITATION_LOSSES, Algorithm, MiniBatch, Policy, TrainConfig, UserError, imitation_loss
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class BCConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss not in ("nll", "mse"):
+        if self.loss not in IMITATION_LOSSES:
             raise ValueError(f"loss must be 'nll' or 'mse', got {self.loss!r}")
 
 
@@ -38,10 +38,4 @@ class BC(Algorithm):
     def supervised_loss(self, policy: Policy, mb: MiniBatch) -> torch.Tensor:
         """Mean loss over a minibatch of demonstrations: (observation, expert action) pairs, or
         token sequences whose ``mb.mask`` marks the tokens to imitate."""
-        if self.config.loss == "mse":
-            return ((policy.mean_action(mb.obs) - mb.actions) ** 2).sum(-1).mean()
-        # a model whose likelihood is not the loss (a flow head: flow matching); a pre-1.3 model has no hook
-        own = policy.imitation_loss(mb.obs, mb.actions) if hasattr(policy, "imitation_loss") else None
-        if own is not None:
-            return own
-        return -masked_mean(policy.evaluate(mb.obs, mb.actions).logprob, mb.mask)
+        return imitation_loss(policy, mb, self.config.loss)

@@ -6,6 +6,8 @@
 - Clipped surrogate, plus dual clip (Ye et al., 2020) for negative advantages.
 - Clipped value loss (as in the OpenAI baselines), entropy bonus.
 - Per-minibatch advantage normalisation; optional early stop when approx KL > target_kl.
+- From a clone: a critic warm-up, a KL penalty to the clone (``kl_coef``) and an imitation term
+  on its demonstrations beside every minibatch (``bc_coef``, DAPG-style: Rajeswaran et al., 2018).
 - Adam with eps 1e-5, the learning rate optionally annealed linearly to 0, the global gradient
   norm clipped to max_grad_norm (``PPO.optim``: the engine runs what is declared there).
 
@@ -21,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlinf_cli.api import (Algorithm, EvalOutput, Experience, MiniBatch, OptimSpec, TrainConfig, approx_kl,
-                           clipped_surrogate, linear_decay, masked_mean, reference_kl)
+from rlinf_cli.api import (IMITATION_LOSSES, Algorithm, EvalOutput, Experience, MiniBatch, OptimSpec, TrainConfig,
+                           UserError, approx_kl, clipped_surrogate, imitation_loss, linear_decay, masked_mean,
+                           reference_kl)
 
 from . import ppo_fused
 
@@ -43,6 +46,9 @@ class PPOConfig(TrainConfig):
     critic_warmup_iters: int = 10  # first iterations train only the critic (RL from init=: a cloned actor)
     critic_warmup_lr: float | None = None  # learning rate of those critic-only iterations; null = lr
     kl_coef: float = 0.0  # weight of k3 KL to the frozen starting policy (RL from init=: keeps the clone's skills; 0 = off)
+    bc_coef: float = 0.0  # weight of an imitation loss on demonstrations (rl demos=, or init='s SFT dataset) beside every minibatch; 0 = off
+    bc_loss: str = "mse"  # that loss: mse of the mean action (continuous; leaves the exploration std alone) | nll (the model's imitation loss)
+    bc_anneal: bool = False  # decay bc_coef linearly to 0 over the run
     fused_loss: bool = True  # the loss as one autograd node with closed-form gradients (same maths; ppo_fused.py)
 
     def __post_init__(self) -> None:
@@ -59,6 +65,9 @@ class PPOConfig(TrainConfig):
             raise ValueError(f"critic_warmup_lr must be > 0 (or null = lr), got {self.critic_warmup_lr}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.bc_coef < 0 or self.bc_loss not in IMITATION_LOSSES:
+            raise ValueError(f"bc_coef must be >= 0 and bc_loss one of {', '.join(IMITATION_LOSSES)}; "
+                             f"got {self.bc_coef} and {self.bc_loss!r}")
 
 
 def gae(rollout: Experience, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,6 +179,17 @@ class PPO(Algorithm):
 
     def needs_reference(self) -> bool:
         return self.config.kl_coef > 0
+
+    def check(self, spec) -> None:
+        if self.config.bc_coef > 0 and self.config.bc_loss == "mse" and spec.discrete:
+            raise UserError("algo.bc_loss=mse needs continuous actions; these are discrete: use algo.bc_loss=nll")
+
+    def demo_coef(self, done: float) -> float:
+        c = self.config
+        return c.bc_coef * (linear_decay(done) if c.bc_anneal else 1.0)
+
+    def demo_loss(self, policy, mb: MiniBatch) -> torch.Tensor:
+        return imitation_loss(policy, mb, self.config.bc_loss)
 
     def loss(self, out: EvalOutput, mb: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Embodied minibatches are [B] samples; text ones [B, T] tokens with ``mb.mask`` (the
