@@ -128,6 +128,27 @@ def cli_proc(workdir: Path):
     return run
 
 
+def run_main(*args: str) -> None:
+    """`rlinf ...` in this process, asserting it exited 0: for module-scoped fixtures, where the
+    function-scoped ``cli`` fixture cannot go."""
+    from rlinf_cli.cli import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        assert not exc.code, f"rlinf {' '.join(map(str, args))} exited with {exc.code}"
+
+
+def cartpole_clone(root: Path, sft_epochs: int) -> Path:
+    """CartPole: 4 expert episodes in ``root/demos`` and a policy cloned from them by `rlinf sft`
+    in ``root/sft`` (its rlinf.yaml names the dataset); returns the clone's best checkpoint."""
+    quiet = ["progress=false", "tracking.enabled=false", f"runs_dir={root / 'runs'}"]
+    run_main("collect", "policy=expert", "episodes=4", "num_envs=2", f"output={root / 'demos'}", *quiet)
+    run_main("sft", f"dataset={root / 'demos'}", f"algo.epochs={sft_epochs}", "eval.episodes=0",
+             f"run_dir={root / 'sft'}", *quiet)
+    return root / "sft" / "checkpoints" / "best"
+
+
 def wait_for_checkpoint(run_dir: Path, iteration: int, proc: subprocess.Popen | None = None,
                         timeout: float = 300.0, poll: float = 0.02) -> Path:
     """Wait until ``run_dir`` holds a periodic checkpoint of ``iteration`` or later; returns it.

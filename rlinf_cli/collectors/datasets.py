@@ -126,6 +126,13 @@ class EpisodeDataset:
         self.train_idx = torch.from_numpy(np.flatnonzero(train_rows))
         self.val_idx = torch.from_numpy(np.flatnonzero(val_rows))
         self.generator = torch.Generator().manual_seed(seed)
+        self.normalizer: Any = None  # see normalize_with
+
+    def normalize_with(self, normalizer: Any) -> None:
+        """:meth:`sample` hands out observations as a run that normalizes them (``env.normalize_obs``)
+        feeds its policy: through ``normalizer``'s statistics at the time of the draw, never
+        updating them (the demonstrations are not the run's experience)."""
+        self.normalizer = normalizer if normalizer is not None and normalizer.keys else None
 
     def prepare(self, policy: Any, note: Any) -> None:
         """The policy must read what the dataset holds (a LeRobot dataset says which features map where)."""
@@ -153,7 +160,12 @@ class EpisodeDataset:
         """``size`` training steps drawn uniformly (with replacement) by ``generator``: the
         demonstrations beside on-policy RL (rl demos=), drawn from the run's own generator so a
         resumed run draws what the uninterrupted one would."""
-        return self._batch(self.train_idx[torch.randint(len(self.train_idx), (size,), generator=generator)])
+        batch = self._batch(self.train_idx[torch.randint(len(self.train_idx), (size,), generator=generator)])
+        if self.normalizer is not None:
+            raw = {k: batch.obs[k].cpu().numpy() for k in self.normalizer.keys}
+            seen = self.normalizer.observe(raw, update=False)
+            batch.obs.update({k: torch.as_tensor(seen[k], device=batch.obs[k].device) for k in self.normalizer.keys})
+        return batch
 
     @torch.no_grad()
     def val_loss(self, policy: Any, algo: Algorithm) -> float | None:

@@ -266,8 +266,8 @@ def train(run: Run, progress: Any) -> None:
             run.ctx.note(line)
         norm = getattr(getattr(run.world.rollout, "env", None), "normalizer", None)  # decided by start (auto)
         if run.demos is not None and norm is not None and norm.keys:
-            raise UserError("the demonstrations beside on-policy RL hold raw observations and this run normalizes "
-                            "them (env.normalize_obs): set env.normalize_obs=false")
+            run.demos.normalize_with(norm)  # the datasets hold raw observations; the policy reads normalized ones
+            run.ctx.note(f"demonstrations: observations {norm.keys} normalized as the run's")
         if state["iteration"] == 0 and (eval_every or best):  # where the curve starts; the start is a candidate
             run.tracker.log_metrics(evaluations(run, eval_every, best) | {"iteration": 0.0}, 0)
         while run.world.rollout.units(state) < total:

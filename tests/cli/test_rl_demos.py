@@ -5,7 +5,8 @@ by default, from the dataset the ``init=`` clone was trained on.
 What must hold: the clone's own dataset is found without being named; the term moves the policy
 towards the demonstrations (a run where it dominates clones the expert from a random start);
 inputs that cannot work are refused in one line before any work (demos= with no imitation weight,
-an imitation weight with nothing to imitate, mse on discrete actions).
+an imitation weight with nothing to imitate, mse on discrete actions); a run that normalizes its
+observations imitates the demonstrations normalized as its policy reads them.
 """
 
 from __future__ import annotations
@@ -15,25 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import cartpole_clone
+
 QUIET = ["progress=false", "tracking.enabled=false"]
-
-
-def _main(*args: str) -> None:
-    from rlinf_cli.cli import main
-
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exc:
-        assert not exc.code, f"rlinf {' '.join(map(str, args))} exited with {exc.code}"
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
-    """CartPole: 4 expert episodes and a policy cloned from them."""
+    """CartPole: 4 expert episodes (``demos``) and a policy cloned from them (``sft``)."""
     root = tmp_path_factory.mktemp("demos")
-    quiet = [*QUIET, f"runs_dir={root / 'runs'}"]
-    _main("collect", "policy=expert", "episodes=4", "num_envs=2", f"output={root / 'demos'}", *quiet)
-    _main("sft", f"dataset={root / 'demos'}", "algo.epochs=10", "eval.episodes=0", f"run_dir={root / 'sft'}", *quiet)
+    cartpole_clone(root, sft_epochs=10)
     return root
 
 
@@ -79,6 +71,36 @@ def test_the_imitation_term_clones_the_expert_from_a_random_start(cli, clone, le
         end, end_control = sum(with_term[-3:]) / 3, sum(control[-3:]) / 3
         learning.record(1 - end / with_term[0], 0.3, control=1 - end_control / control[0])
         assert end < 0.7 * with_term[0] and end < end_control, (seed, with_term, control)
+
+
+def test_demonstrations_are_normalized_as_the_run_normalizes(cli, clone):
+    """A run that normalizes observations (env.normalize_obs) imitates the demonstrations as its
+    policy sees them: each draw goes through the run's statistics of that moment, which it leaves
+    as they were."""
+    import numpy as np
+    import torch
+
+    from rlinf_cli.collectors.datasets import EpisodeDataset
+    from rlinf_cli.runtime.normalize import NormalizeConfig, Normalizer
+
+    data = EpisodeDataset(str(clone / "demos"), 0.0, 0, "cpu")
+    norm = Normalizer(data.spec, NormalizeConfig(obs=True), 2)
+    norm.observe({k: np.asarray(v[:40]) for k, v in data.data.obs.items()})  # statistics of some steps
+    stats = {k: (r.mean.copy(), r.count) for k, r in norm.obs_rms.items()}
+    raw = data.sample(16, torch.Generator().manual_seed(1))
+    data.normalize_with(norm)
+    seen = data.sample(16, torch.Generator().manual_seed(1))
+    want = norm.observe({k: raw.obs[k].numpy() for k in norm.keys}, update=False)
+    assert norm.keys and all(np.allclose(seen.obs[k].numpy(), want[k]) for k in norm.keys)
+    assert not all(np.allclose(seen.obs[k].numpy(), raw.obs[k].numpy()) for k in norm.keys)
+    assert torch.equal(seen.actions, raw.actions)
+    assert all((r.mean == stats[k][0]).all() and r.count == stats[k][1] for k, r in norm.obs_rms.items())
+
+    res = cli("rl", f"demos={clone / 'demos'}", "algo.bc_coef=1.0", "algo.bc_loss=nll", "env.normalize_obs=true",
+              *SHORT, "total_steps=128", "run_dir=run")
+    assert res.code == 0, res.err[-3000:]
+    assert "normalized as the run's" in res.err, res.err[-2000:]
+    assert all(0 < r["train/demo_loss"] < 5 for r in _rows(Path("run")) if "train/policy_loss" in r)
 
 
 def test_inputs_that_cannot_work_are_refused_in_one_line(cli, clone):

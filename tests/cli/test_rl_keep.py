@@ -14,29 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import cartpole_clone
+
 # CartPole, PPO at a learning rate no policy survives (Adam moves every weight by ~1 per step),
 # actor updates from the first iteration (no critic warm-up): 2 iterations of 4 x 128 steps.
 HARMFUL = ["algo.lr=1.0", "algo.critic_warmup_iters=0", "num_envs=4", "algo.rollout_steps=128",
            "total_steps=1024", "eval.episodes=5", "progress=false", "tracking.enabled=false"]
 
 
-def _main(*args: str) -> None:
-    from rlinf_cli.cli import main
-
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exc:
-        assert not exc.code, f"rlinf {' '.join(map(str, args))} exited with {exc.code}"
-
-
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """A CartPole policy cloned from 4 expert episodes: good (hundreds of steps), not perfect."""
-    root = tmp_path_factory.mktemp("clone")
-    quiet = ["progress=false", "tracking.enabled=false", f"runs_dir={root / 'runs'}"]
-    _main("collect", "policy=expert", "episodes=4", "num_envs=2", f"output={root / 'demos'}", *quiet)
-    _main("sft", f"dataset={root / 'demos'}", "algo.epochs=30", "eval.episodes=0", f"run_dir={root / 'sft'}", *quiet)
-    return root / "sft" / "checkpoints" / "best"
+    return cartpole_clone(tmp_path_factory.mktemp("clone"), sft_epochs=30)
 
 
 def _tensors(path: Path) -> dict:
