@@ -14,6 +14,11 @@ row is the run's **kept** policy (best on validation seeds 2,000,000+, the clone
     python benchmarks/metaworld_mt10.py                                  # the issue's table (hours on 2 cores)
     python benchmarks/metaworld_mt10.py --seeds 0 --grpo-steps 0 --sac-steps 0   # PPO, one seed
     python benchmarks/metaworld_mt10.py --tasks <four other tasks> --out ...      # the recipe on held-out tasks
+    python benchmarks/metaworld_mt10.py --multitask --out ...                     # one policy for all ten tasks
+
+``--multitask`` is the second row: one MLP for all ``--tasks`` (it embeds the task id), cloned
+from ``--demos`` demonstrations per task and fine-tuned with the same budget and validation
+episodes per task; its table has the same per-task rows.
 
 Prints one table per run: per task, the median over seeds of each policy's held-out success with
 its range (min-max), whether every RL row is >= its clone, and the mean over tasks of the medians.
@@ -36,6 +41,18 @@ from metaworld_pipeline import pipeline  # noqa: E402
 MT10 = ["reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
         "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3"]
 LABELS = ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos")
+
+
+MULTI = "multi-task"
+
+
+def per_task(row: dict, tasks: list[str]) -> list[dict]:
+    """A multi-task cell as one row per task (its CPU time shared out), so that both kinds of cell
+    make the same table; a single-task row as it is."""
+    if row["task"] != MULTI:
+        return [row]
+    return [{**row, "task": t, "success": {k: v[t] for k, v in row["success"].items()}, "cpu_s": row["cpu_s"] / len(tasks)}
+            for t in tasks]
 
 
 def cell(values: list[float]) -> str:
@@ -72,7 +89,8 @@ def summarise(rows: list[dict], a: argparse.Namespace, wall_s: float, cpu_s: flo
     lines.append("| " + " | ".join([f"**mean of medians ({len(tasks)} tasks)**", *(f"**{mean[k]:.0%}**" for k in labels),
                                     "yes" if never_worse else "**no**", ""]) + " |")
     lines.append("")
-    lines.append(f"{a.demos} demos/task, seeds {' '.join(map(str, a.seeds))}, success_once on {a.eval_episodes} held-out "
+    lines.append(("one multi-task policy for all tasks (task-id embedding), " if getattr(a, "multitask", False) else "")
+                 + f"{a.demos} demos/task, seeds {' '.join(map(str, a.seeds))}, success_once on {a.eval_episodes} held-out "
                  "seeds per task; " + ", ".join(f"{k} - SFT = {(mean[k] - mean['SFT']) * 100:+.0f} points" for k in rl)
                  + f"; wall {wall_s / 60:.1f} min (this invocation) with --jobs {a.jobs}, CPU {cpu_s / 3600:.2f} h "
                  "(every stage's processes, all cells)")
@@ -102,13 +120,15 @@ def main() -> None:
                    help="overrides for every RL stage")
     p.add_argument("--last", action="store_true", help="evaluate each RL run's last policy, not its kept one")
     p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--multitask", action="store_true", help="one multi-task policy for all --tasks per seed "
+                   "instead of one policy per task")
     p.add_argument("--jobs", type=int, default=2, help="cells (task, seed) run in parallel")
     p.add_argument("--out", default="rlinf_runs/bench_mt10/" + time.strftime("%Y%m%d-%H%M%S"))
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     print(machine_line(), flush=True)
-    cells = [(t, s) for s in a.seeds for t in a.tasks]
+    cells = [(MULTI if a.multitask else t, s) for s in a.seeds for t in ([MULTI] if a.multitask else a.tasks)]
     t0 = time.time()
     done = out / "rows.jsonl"  # one line per finished cell: a stopped run restarts where it was
     rows = [json.loads(line) for line in done.read_text().splitlines()] if done.is_file() else []
@@ -116,13 +136,14 @@ def main() -> None:
 
     def one(ts: tuple[str, int]) -> dict:
         task, seed = ts
-        row = pipeline(task, a, seed=seed, root=out / f"{task}-s{seed}")
+        row = pipeline(a.tasks if task == MULTI else task, a, seed=seed, root=out / f"{task}-s{seed}")
         with open(done, "a") as f:
             f.write(json.dumps(row) + "\n")
         return row
 
     with ThreadPoolExecutor(a.jobs) as pool:
         rows += list(pool.map(one, [c for c in cells if c not in have]))
+    rows = [x for r in rows for x in per_task(r, a.tasks)]
     rows.sort(key=lambda r: (a.tasks.index(r["task"]), r["seed"]))
     rows = [r for r in rows if r["task"] in a.tasks and r["seed"] in a.seeds]
     cpu = sum(r["cpu_s"] for r in rows)  # every cell's, those of an earlier, stopped invocation too

@@ -50,15 +50,26 @@ def kept(result: dict) -> str:
     return (result.get("best") or {}).get("checkpoint") or result["checkpoint"]
 
 
-def pipeline(task: str, a: argparse.Namespace, seed: int = 0, root: Path | None = None) -> dict:
-    """One task end to end at one seed (the demonstrations, SFT and RL all draw from it)."""
-    root = root or Path(a.out) / task
+def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: Path | None = None) -> dict:
+    """One task end to end at one seed (the demonstrations, SFT and RL all draw from it).
+
+    ``task`` a list: one multi-task policy for all of them (the MLP embeds the task id), with
+    ``--demos`` demonstrations, the RL budget and the validation and evaluation episodes per task;
+    its successes are then per task (``{label: {task: success}}``)."""
+    tasks = [task] if isinstance(task, str) else list(task)
+    n = len(tasks)
+    name = tasks[0] if isinstance(task, str) else "multi-task"
+    root = root or Path(a.out) / name
     root.mkdir(parents=True, exist_ok=True)
     log = root / "log.txt"
     common = ["progress=false", f"runs_dir={root / 'rlinf_runs'}"]
     last = getattr(a, "last", False)
     rl_common = [f"seed={seed}", *(["eval.best=false"] if last else []), *getattr(a, "rl", [])]
-    sim = ["sim=metaworld", f"sim.task={task}", f"sim.max_episode_steps={a.max_episode_steps}"]
+    if n > 1:  # validation episodes are per task, as the rest of the budget
+        rl_common += [f"eval.val_episodes={int(x.split('=', 1)[1]) * n}" for x in rl_common
+                      if x.startswith("eval.val_episodes=")]
+    sim = ["sim=metaworld", f"sim.max_episode_steps={a.max_episode_steps}",
+           f"sim.task={tasks[0]}" if isinstance(task, str) else f"sim.tasks=[{','.join(tasks)}]"]
     data = root / "data"
     times: dict[str, float] = {}
     cpu = 0.0  # CPU seconds of every stage's processes
@@ -70,7 +81,8 @@ def pipeline(task: str, a: argparse.Namespace, seed: int = 0, root: Path | None 
         return res
 
     res = run(["collect", *sim, *common, "policy=expert", "only_success=true", f"seed={seed * 10_000}",
-               f"episodes={a.demos}", f"num_envs={a.demos}", f"output={data}", f"run_dir={root / 'collect'}"], log)
+               f"episodes={a.demos * n}", f"num_envs={a.demos if n == 1 else min(a.demos * n, 8)}", f"output={data}",
+               f"run_dir={root / 'collect'}"], log)
     times["collect"] = res["wall_s"]
     res = run(["sft", *common, f"seed={seed}", f"dataset={data}", f"model.hidden_sizes={a.hidden}", f"algo.epochs={a.sft_epochs}",
                "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft'}"], log)
@@ -81,13 +93,13 @@ def pipeline(task: str, a: argparse.Namespace, seed: int = 0, root: Path | None 
     for algo, steps, extra in (("ppo", a.ppo_steps, a.ppo), ("grpo", a.grpo_steps, a.grpo)):
         if steps <= 0:
             continue
-        res = run(["rl", "--algo", algo, *common, f"init={sft}", f"total_steps={steps}", "eval.episodes=0",
+        res = run(["rl", "--algo", algo, *common, f"init={sft}", f"total_steps={steps * n}", "eval.episodes=0",
                    f"run_dir={root / algo}", *rl_common, *extra], log)
         times[algo] = res["wall_s"]
         ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"] if last else kept(res)
         kept_by[f"SFT+{algo.upper()}"] = "last" if last else res.get("kept", "last")
     if a.sac_steps > 0:  # off-policy from the same demonstrations (no SFT: the demos seed its batches)
-        res = run(["rl", "--algo", "sac", *sim, *common, f"demos={data}", f"total_steps={a.sac_steps}",
+        res = run(["rl", "--algo", "sac", *sim, *common, f"demos={data}", f"total_steps={a.sac_steps * n}",
                    f"model.hidden_sizes={a.hidden}", "eval.episodes=0", f"run_dir={root / 'sac'}",
                    *rl_common, *a.sac], log)
         times["sac"] = res["wall_s"]
@@ -96,12 +108,14 @@ def pipeline(task: str, a: argparse.Namespace, seed: int = 0, root: Path | None 
     success: dict[str, float] = {}
     t0 = time.time()
     for label, ckpt in ckpts.items():
-        res = run(["eval", *sim, *common, f"checkpoint={ckpt}", f"episodes={a.eval_episodes}", f"seed={EVAL_SEED}",
+        res = run(["eval", *sim, *common, f"checkpoint={ckpt}", f"episodes={a.eval_episodes * n}", f"seed={EVAL_SEED}",
                    f"run_dir={root / 'eval' / label.replace('+', '_')}"], log)
-        success[label] = res["eval"]["success_once"]
+        success[label] = (res["eval"]["success_once"] if isinstance(task, str)
+                          else {t: res["per_task"][t]["success_once"] for t in tasks})
     times["eval"] = time.time() - t0
-    print(f"[{task} seed {seed}] " + "  ".join(f"{k} {v:.0%}" for k, v in success.items()), flush=True)
-    return {"task": task, "seed": seed, "success": success, "seconds": times, "kept": kept_by, "cpu_s": cpu}
+    mean = {k: v if isinstance(v, float) else sum(v.values()) / n for k, v in success.items()}
+    print(f"[{name} seed {seed}] " + "  ".join(f"{k} {v:.0%}" for k, v in mean.items()), flush=True)
+    return {"task": name, "seed": seed, "success": success, "seconds": times, "kept": kept_by, "cpu_s": cpu}
 
 
 def table(rows: list[dict], a: argparse.Namespace, wall: float) -> str:
