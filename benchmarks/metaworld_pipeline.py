@@ -65,9 +65,9 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
     common = ["progress=false", f"runs_dir={root / 'rlinf_runs'}"]
     last = getattr(a, "last", False)
     rl_common = [f"seed={seed}", *(["eval.best=false"] if last else []), *getattr(a, "rl", [])]
-    if n > 1:  # validation episodes are per task, as the rest of the budget
-        rl_common += [f"eval.val_episodes={int(x.split('=', 1)[1]) * n}" for x in rl_common
-                      if x.startswith("eval.val_episodes=")]
+    if n > 1:  # per task, as the rest of the budget: validation episodes, and iterations between validations
+        rl_common += [f"{k}={int(v) * n}" for k, v in (x.split("=", 1) for x in rl_common if "=" in x)
+                      if k in ("eval.val_episodes", "eval.interval")]
     sim = ["sim=metaworld", f"sim.max_episode_steps={a.max_episode_steps}",
            f"sim.task={tasks[0]}" if isinstance(task, str) else f"sim.tasks=[{','.join(tasks)}]"]
     data = root / "data"
