@@ -128,7 +128,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     print(machine_line(), flush=True)
-    cells = [(MULTI if a.multitask else t, s) for s in a.seeds for t in ([MULTI] if a.multitask else a.tasks)]
+    cells = [(t, s) for s in a.seeds for t in ([MULTI] if a.multitask else a.tasks)]
     t0 = time.time()
     done = out / "rows.jsonl"  # one line per finished cell: a stopped run restarts where it was
     rows = [json.loads(line) for line in done.read_text().splitlines()] if done.is_file() else []
