@@ -111,9 +111,12 @@ def main() -> None:
     # no per-algorithm flags by default: the Meta-World plugin's recommendations are the recipe
     p.add_argument("--ppo", nargs="*", default=[], help="extra overrides for the PPO stage")
     p.add_argument("--grpo", nargs="*", default=[], help="extra overrides for the GRPO stage")
+    # eval.interval in SAC's iterations (8 env steps each with one env): 3200 validates every 25,600
+    # env steps, as --rl's 25 PPO iterations of 8 x 128; --rl's 25 would validate SAC every 200 steps
     p.add_argument("--sac", nargs="*", default=["num_envs=1", "algo.warmup_steps=0", "algo.init_temperature=0.05",
-                                                 "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000"],
-                   help="extra overrides for the SAC stage (as metaworld_pipeline.py's)")
+                                                 "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000",
+                                                 "eval.interval=3200"],
+                   help="extra overrides for the SAC stage (as metaworld_pipeline.py's, validated as often as PPO)")
     # more validation than the default start-and-end 5 episodes: the kept policy is chosen among
     # several candidates, and 5 episodes of a 0/1 success cannot tell 60% from 80%
     p.add_argument("--rl", nargs="*", default=["eval.val_episodes=10", "eval.interval=25"],

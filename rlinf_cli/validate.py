@@ -59,6 +59,7 @@ STAGE_RULES: dict[str, list[Rule]] = {
         ("eval.episodes", *_NON_NEGATIVE),
         ("eval.interval", *_NON_NEGATIVE),
         ("eval.val_episodes", *_POSITIVE),
+        ("eval.best_p", lambda v: v is None or (_fraction()(v) and v > 0), "a p-value in (0, 1], or null"),
         ("text.iterations", *_POSITIVE),
         ("placement.generation.workers", _at_least(0), "an integer >= 0"),
         ("placement.generation.sync", lambda v: str(v) in SYNC_MODES, "one of " + ", ".join(SYNC_MODES)),

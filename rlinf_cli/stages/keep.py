@@ -6,13 +6,16 @@ seeds, below 1,000,000, and from the final evaluation's, ``eval.seed + i``) befo
 update, every ``eval.interval`` iterations and after the last one, and keeps the highest-scoring
 policy as ``checkpoints/best``, the starting policy (the clone of ``init=``) included. That is the
 policy ``result.json`` names as ``kept`` and the pipeline's next stage and final evaluation use;
-``eval.best=false`` keeps the last one. Choosing on seeds the final evaluation does not use keeps
-that evaluation an unbiased estimate of the kept policy.
+``eval.best=false`` keeps the last one. The clone is given up only for a policy that beats it on
+the same validation seeds beyond chance (``eval.best_p``, a sign test: :func:`beats`). Choosing
+on seeds the final evaluation does not use keeps that evaluation an unbiased estimate of the kept
+policy.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -31,16 +34,49 @@ def score(metrics: dict[str, float], prefix: str) -> tuple[str, float] | None:
     return None
 
 
-def beats(value: float, best: dict[str, Any] | None, from_init: bool) -> bool:
+def beats(value: float, best: dict[str, Any] | None, from_init: bool,
+          outcomes: dict[int, float] | None = None, max_p: float | None = None) -> bool:
     """Whether a validation scoring ``value`` replaces the best so far: a higher score does; a tie
     does too (the more trained policy), except a tie with the clone an ``init=`` run started from.
     RL has to beat the clone on validation before the clone is given up: a tie at a saturated
     validation (10 of 10 successes for both) says nothing about which is better, and the clone is
     the policy the user already had (MT10, button-press-topdown: a tie kept PPO's iteration 98, which
-    then scored 98% on the held-out seeds against the clone's 100%)."""
-    if best is None or value > best["score"]:
+    then scored 98% on the held-out seeds against the clone's 100%).
+
+    With ``max_p`` (``eval.best_p``) and the episodes' ``outcomes`` of both, the clone is given up
+    only for a policy that beats it beyond chance on the same validation seeds (:func:`sign_test`
+    p <= max_p): one more success in ten is not evidence (MT10 grasping tasks: RL iterations that
+    validated 2/10 against the clone's 1/10 scored 6-14% on the held-out seeds against 18-20%)."""
+    if best is None:
+        return True
+    if from_init and best["iteration"] == 0 and max_p is not None and outcomes and best.get("outcomes"):
+        # and a higher score: with returns, wins on more seeds could still mean a lower mean
+        return value > best["score"] and sign_test(outcomes, {int(k): v for k, v in best["outcomes"]}) <= max_p
+    if value > best["score"]:
         return True
     return value == best["score"] and not (from_init and best["iteration"] == 0)
+
+
+def sign_test(candidate: dict[int, float], base: dict[int, float]) -> float:
+    """One-sided p-value that ``candidate`` is no better than ``base`` on the seeds both ran (seed ->
+    the episode's score): under that hypothesis each seed where they differ is a coin flip, so p =
+    P(Binomial(differing, 1/2) >= seeds the candidate won). 1.0 when they differ nowhere."""
+    pairs = [(candidate[s], base[s]) for s in candidate.keys() & base.keys()]
+    wins, losses = sum(c > b for c, b in pairs), sum(c < b for c, b in pairs)
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2.0 ** n
+
+
+def episode_outcomes(ev: Any, metric: str) -> dict[int, float] | None:
+    """Seed -> one validation episode's share of ``metric`` (its success, or its return), or None
+    where the evaluator reports no episodes (text tasks)."""
+    eps = (getattr(ev, "extra", None) or {}).get("per_episode")
+    if not eps or any(e.get("seed") is None for e in eps):
+        return None
+    field = "ret" if metric == "return_mean" else "success_once"
+    return {int(e["seed"]): float(e[field]) for e in eps}
 
 
 def keep_best(run: Any, evaluate: Callable[..., Any]) -> dict[str, float]:
@@ -53,20 +89,31 @@ def keep_best(run: Any, evaluate: Callable[..., Any]) -> dict[str, float]:
 
     state = run.state
     metrics: dict[str, float] = {}
+    from_init, max_p = bool(run.cfg.init), run.cfg.eval.get("best_p")
     with run.engine.full_parameters():
+        ev = None
         if run.rank == 0:
             ev = evaluate(run, kind="validation")
             metrics = {"val/" + k.split("/", 1)[1]: v for k, v in ev.metrics.items()}
-        scored, best, new, seen = score(metrics, "val/"), state.get("best"), None, None
+        scored, best, new, seen, doubt = score(metrics, "val/"), state.get("best"), None, None, None
         if scored is not None:
             seen = {"metric": scored[0], "score": scored[1], "iteration": state["iteration"], "step": run.step()}
-            if beats(scored[1], best, bool(run.cfg.init)):
+            outcomes = episode_outcomes(ev, scored[0]) if max_p is not None and from_init else None
+            if outcomes is not None and state["iteration"] == 0:  # the clone's, for the test (JSON: pairs)
+                seen["outcomes"] = [[k, v] for k, v in sorted(outcomes.items())]
+            if beats(scored[1], best, from_init, outcomes, max_p):
                 new = seen
-        new, seen = broadcast_from_first((new, seen))
+            elif best is not None and best["iteration"] == 0 and scored[1] > best["score"]:
+                # scored higher than the clone, not beyond chance: said at the end of the run
+                doubt = {"iteration": state["iteration"], "score": scored[1],
+                         "p": sign_test(outcomes or {}, {int(k): v for k, v in best.get("outcomes", [])})}
+        new, seen, doubt = broadcast_from_first((new, seen, doubt))
         if seen is not None:
             state["val_last"] = seen
             if state["iteration"] == 0:
                 state["val_start"] = seen
+        if doubt is not None and doubt["score"] > (state.get("val_doubt") or {}).get("score", -math.inf):
+            state["val_doubt"] = doubt
         if new is not None:
             state["best"] = new
             save_best(run, new)
@@ -157,5 +204,10 @@ def notes(run: Any) -> list[str]:
         return []
     out = [f"kept: {kept_label(best, bool(run.cfg.init))} (validation {best['metric']} {best['score']:.3g}): "
            f"{run.ctx.run_dir / 'checkpoints' / 'best'}"]
+    doubt = run.state.get("val_doubt")
+    if doubt is not None and best["iteration"] == 0:
+        out.append(f"iteration {doubt['iteration']} validated higher ({best['metric']} {doubt['score']:.3g}) but not "
+                   f"beyond chance on the same seeds (sign test p = {doubt['p']:.2g} > eval.best_p = "
+                   f"{run.cfg.eval.get('best_p')}); more validation episodes (eval.val_episodes) can tell them apart")
     line = decline(run.state)
     return out + ([f"{line}; kept: {kept_label(best, bool(run.cfg.init))}"] if line else [])

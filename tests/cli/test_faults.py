@@ -73,7 +73,7 @@ def _chmod_tree(path: Path, mode: int) -> None:
     (["collect", "output=d", "epsilon=1.5"], "a probability in [0, 1]"),
     (["sft", "dataset=d", "val_fraction=1"], "a fraction in [0, 1)"),
     (["pipeline", "rl.total_steps=0"], "'total_steps': 0"),
-    (["pipeline", "eval.seed=2000001"], "validation seeds 2,000,000..2,000,004 (eval.val_seed, eval.val_episodes) overlap"),
+    (["pipeline", "eval.seed=2000001"], "validation seeds 2,000,000..2,000,009 (eval.val_seed, eval.val_episodes) overlap"),
     (["rl", "eval.val_episodes=null", "eval.episodes=0"], "eval.best=true needs validation episodes"),
     (["pipeline", "sim=arithmetic"], "`rlinf pipeline` runs embodied simulators; for the text task 'arithmetic'"),
     # issue 31: values that passed the checks and then crashed, or ran

@@ -98,14 +98,14 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
     assert TRAIN_SEEDS == TRAIN_SEED_SPACE
     assert max(training_seeds(7, 3, 1000)) < TRAIN_SEEDS and max(episode_seed(5, k) for k in range(1, 500)) < TRAIN_SEEDS
     cases = [
-        (["rl", "eval.val_seed=999998"], "eval.val_seed=999998: validation seeds 999,998..1,000,002 would be training "
+        (["rl", "eval.val_seed=999998"], "eval.val_seed=999998: validation seeds 999,998..1,000,007 would be training "
                                          "seeds (those are below 1,000,000); set eval.val_seed >= 1000000"),
         (["rl", "eval.val_seed=1000008", "eval.episodes=10"],
-         "validation seeds 1,000,008..1,000,012 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
+         "validation seeds 1,000,008..1,000,017 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
          "1,000,000..1,000,009: set eval.val_seed=1000010 or above (or eval.best=false to keep the last policy)"),
         # the pipeline's eval step measures on its own seeds: the rl step's validation stays apart from them
         (["pipeline", "eval.seed=2000003", "eval.episodes=5"],
-         "validation seeds 2,000,000..2,000,004 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
+         "validation seeds 2,000,000..2,000,009 (eval.val_seed, eval.val_episodes) overlap the final evaluation's "
          "2,000,003..2,000,007: set eval.val_seed=2000008 or above (or eval.best=false to keep the last policy)"),
         # a text task: seeds from 1,000,000 to 2,000,000 draw its held-out prompts, which the final evaluation scores
         (["rl", "--algo", "grpo", "sim=arithmetic", "model=hf", "eval.val_seed=1500000"],
@@ -113,6 +113,7 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
          "prompts; seeds below it draw the held-out prompts the final evaluation scores): set eval.val_seed >= 2000000"),
         (["rl", "--algo", "grpo", "sim=arithmetic", "model=hf", "eval.episodes=0"],
          "eval.best=true needs validation episodes: set text.val_episodes=N (or eval.episodes=N)"),
+        (["rl", "eval.best_p=0"], "bad value for 'eval.best_p': 0; it must be a p-value in (0, 1], or null"),
     ]
     for args, message in cases:
         res = cli(*args, "tracking.enabled=false")
@@ -126,7 +127,7 @@ def test_validation_seeds_apart_from_training_and_the_final_evaluation(cli):
     check_best(compose("rl", ["eval.val_seed=999998", "eval.best=false"]))
     text = compose("rl", ["sim=arithmetic", "model=hf", "eval.episodes=0", "text.val_episodes=32"])
     check_best(text)
-    assert validation_episodes(text, text=True) == 32 and validation_episodes(text) == 5
+    assert validation_episodes(text, text=True) == 32 and validation_episodes(text) == 10
 
 
 def test_a_tie_with_the_clone_keeps_the_clone_and_a_tie_between_rl_iterations_the_later():
@@ -167,3 +168,58 @@ def test_the_pipeline_keeps_the_clone_when_rl_only_degrades(cli, workdir):
     assert summary["eval"]["sft + rl"] == summary["eval"]["sft"]  # the clone's weights, the same seeds
     assert "sft + rl (kept: sft)" in res.out
     assert "warning: the rl step ended below the clone on validation; kept: sft" in res.out
+
+
+def test_the_sign_test_counts_the_seeds_where_two_policies_differ():
+    from rlinf_cli.stages.keep import sign_test
+
+    base = {s: 0.0 for s in range(10)}
+    assert sign_test({**base, 0: 1.0}, base) == 0.5  # one seed won, none lost: a coin flip
+    assert sign_test({**base, 0: 1.0, 1: 1.0, 2: 1.0}, base) == 0.125
+    assert sign_test({**base, 0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, {**base, 9: 1.0}) == 6 / 32  # 4 won, 1 lost
+    assert sign_test(base, base) == 1.0 and sign_test({0: 5.0}, {1: 5.0}) == 1.0  # no seed differs / shared
+    assert sign_test({0: 200.0, 1: 180.0}, {0: 150.0, 1: 190.0}) == 0.75  # returns: won 1, lost 1
+
+
+def _validation(successes: list[int]):
+    """An Evaluation of 10 validation episodes (seeds 2,000,000 + i) with these successes."""
+    from rlinf_cli.collectors.base import Evaluation
+
+    per = [{"seed": 2_000_000 + i, "ret": float(s), "success_once": bool(s)} for i, s in enumerate(successes)]
+    rate = sum(successes) / len(successes)
+    return Evaluation({}, {}, {"eval/success_once": rate, "eval/return_mean": rate}, {"per_episode": per})
+
+
+@pytest.mark.parametrize("best_p", [0.2, None])
+def test_the_clone_is_given_up_only_for_a_policy_better_beyond_chance(monkeypatch, best_p):
+    """From the clone's 1/10, an iteration at 2/10 (one seed more) is chance at eval.best_p=0.2 and
+    the clone stays (the run says so at the end); 6/10 (five seeds more, none fewer) replaces it;
+    once RL holds the lead, a higher score replaces it as before. eval.best_p=null: any higher score."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from rlinf_cli.stages import keep
+
+    saved: list[int] = []
+    monkeypatch.setattr(keep, "save_best", lambda run, best: saved.append(best["iteration"]))
+    run = SimpleNamespace(cfg=OmegaConf.create({"init": "clone", "eval": {"best_p": best_p}}), state={}, rank=0,
+                          engine=SimpleNamespace(full_parameters=contextlib.nullcontext), step=lambda: 0,
+                          ctx=SimpleNamespace(run_dir=Path("run")))
+    clone, one_more, five_more, seven = [1] + [0] * 9, [1, 1] + [0] * 8, [1] * 6 + [0] * 4, [1] * 7 + [0] * 3
+    for iteration, successes in ((0, clone), (25, one_more)):
+        run.state["iteration"] = iteration
+        keep.keep_best(run, lambda run, kind: _validation(successes))
+    if best_p is None:
+        assert saved == [0, 25]
+        return
+    assert saved == [0] and run.state["best"]["iteration"] == 0
+    assert run.state["val_doubt"] == {"iteration": 25, "score": 0.2, "p": 0.5}
+    lines = keep.notes(run)
+    assert lines[0].startswith("kept: init") and "iteration 25 validated higher" in lines[1] and "p = 0.5" in lines[1]
+    for iteration, successes in ((50, five_more), (75, seven)):
+        run.state["iteration"] = iteration
+        keep.keep_best(run, lambda run, kind: _validation(successes))
+    assert saved == [0, 50, 75] and keep.notes(run)[0].startswith("kept: iteration 75")
+    assert len(keep.notes(run)) == 1  # the doubt was about the clone, which is no longer kept
