@@ -30,6 +30,10 @@
 #      FLOW_DEMOS demos per task (EGL render), flow-matching SFT bf16 on the device, PPO from the
 #      clone (FLOW_PPO_STEPS chunks), both evaluated on 10 held-out seeds per task; passes when the
 #      updates are finite and both evaluations ran (the success rates are reported, not required)
+#  11. the flow head's training pass with model.flow_batch_steps (benchmarks/flow_steps.py on the
+#      device): evaluate + backward on 128 recorded chains, the N denoising steps one call each
+#      against all N in one call, MLP and VLA, N = 4 and 10; passes when it ran (the speed-ups are
+#      reported: on a CPU they were 0.9-1.4x, so the option is off by default until a device says more)
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +43,7 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export MUJOCO_GL="${MUJOCO_GL:-egl}" OMP_NUM_THREADS=1
 ACCEL="${ACCEL:-cuda}"
-CASES="${CASES:-1 2 3 4 5 6 7 8 9 10}"  # the checks to run, e.g. CASES="6 7"
+CASES="${CASES:-1 2 3 4 5 6 7 8 9 10 11}"  # the checks to run, e.g. CASES="6 7"
 BF16=true; [ "$ACCEL" = cpu ] && BF16=false
 COMMON=(tracking.enabled=false progress=false quiet=true "accelerator=$ACCEL")
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
@@ -201,6 +205,18 @@ print(f'8 tasks from pixels: flow SFT {sft:.0%} -> PPO Flow-SDE {ppo:.0%} (80 he
   [ -n "$flow_detail" ] && row "10 flow head, 8 tasks from pixels" PASS "$flow_detail" $((SECONDS - t10)) \
     || row "10 flow head, 8 tasks from pixels" FAIL "no finite PPO update or no evaluation in the run dirs" $((SECONDS - t10))
 else row "10 flow head, 8 tasks from pixels" FAIL "$(tail -1 "$OUT/last.log")" $((SECONDS - t10)); fi
+fi
+
+if want 11; then
+t11=$SECONDS
+if timed "$PY" benchmarks/flow_steps.py --accelerator "$ACCEL" --models mlp vla --steps 4 10 --repeats 10 \
+      --train-rows 128 --noise sde; then
+  cp "$OUT/last.log" "$OUT/flow_steps.txt"
+  # speed-ups of the evaluate + backward tables, MLP then VLA
+  ups=$(grep -E '^\| flow N=[0-9]+ \|.*x \|$' "$OUT/flow_steps.txt" | sed -E 's/^\| flow (N=[0-9]+) .* ([0-9.]+x) \|$/\1 \2/' | paste -sd, -)
+  [ -n "$ups" ] && row "11 flow_batch_steps, evaluate + backward" PASS "speed-up of one call for N steps (mlp, then vla): $ups" $((SECONDS - t11)) \
+    || row "11 flow_batch_steps, evaluate + backward" FAIL "no evaluate table in $OUT/flow_steps.txt" $((SECONDS - t11))
+else row "11 flow_batch_steps, evaluate + backward" FAIL "$(tail -1 "$OUT/last.log")" $((SECONDS - t11)); fi
 fi
 
 echo

@@ -23,12 +23,13 @@ def _policy(spec: EnvSpec = SPEC, **over):
     return MLPPolicy(cfg, spec)
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["step-by-step", "batch-steps"])
 @pytest.mark.parametrize("noise", ["noise", "sde"])
-def test_act_and_evaluate_give_the_same_logprob(noise):
+def test_act_and_evaluate_give_the_same_logprob(noise, batch):
     from rlinf_model_mlp.flow import CHAIN_KEY
 
     torch.manual_seed(0)
-    policy = _policy(flow_noise=noise)
+    policy = _policy(flow_noise=noise, flow_batch_steps=batch)
     obs = {"state": torch.randn(16, 3)}
     with torch.no_grad():
         out = policy.act(obs)

@@ -23,10 +23,12 @@ def _policy(**over) -> VLAPolicy:
     return VLAPolicy(_node(head="flow", chunk=3, flow_steps=3, **over), _spec())
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["step-by-step", "batch-steps"])
 @pytest.mark.parametrize("noise", ["noise", "sde"])
-def test_acting_and_training_score_the_same_chain(noise):
-    policy = _policy(flow_noise=noise)
-    plain = VLAPolicy(_node(head="flow", chunk=3, flow_steps=3, flow_noise=noise, prefix_cache=False), _spec())
+def test_acting_and_training_score_the_same_chain(noise, batch):
+    policy = _policy(flow_noise=noise, flow_batch_steps=batch)
+    plain = VLAPolicy(_node(head="flow", chunk=3, flow_steps=3, flow_noise=noise, prefix_cache=False,
+                            flow_batch_steps=batch), _spec())
     plain.load_state_dict(policy.state_dict())
     obs = _mixed(10, 0, TEXTS)
     with torch.no_grad():

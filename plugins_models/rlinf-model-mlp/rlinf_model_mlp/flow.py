@@ -54,7 +54,10 @@ CHAIN_KEY = "flow_chain"  # the acting extra (and obs entry in training minibatc
 NOISE_MODES = ("noise", "sde")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
-# v(x_t [B, A], t [B]) -> velocity [B, A]
+# v(x_t [B, A], t [B]) -> velocity [B, A]; also v(x [B, M, A], t [B, M]) -> [B, M, A], M states of
+# each row at once (``score`` with ``batch_steps``: a recorded chain's N steps are independent given
+# the chain, so one network call of N x B rows can replace N calls of B; on a CPU that measured no
+# faster, benchmarks/flow_steps.py; it is for accelerators, where small calls are launch-bound)
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -67,6 +70,7 @@ class FlowSettings:
     std_max: float = 0.3
     time_dim: int = 16  # width of the sinusoidal time embedding
     noise_hidden: int = 64  # Flow-Noise: hidden width of the noise network
+    batch_steps: bool = False  # score a recorded chain's N steps in one field call instead of N
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -82,7 +86,8 @@ class FlowSettings:
     def from_model(cls, cfg: Any) -> "FlowSettings":
         """From a model config's ``flow_*`` fields."""
         return cls(steps=cfg.flow_steps, noise=cfg.flow_noise, sde_level=cfg.flow_sde_level,
-                   std_min=cfg.flow_std_min, std_max=cfg.flow_std_max, time_dim=cfg.flow_time_dim)
+                   std_min=cfg.flow_std_min, std_max=cfg.flow_std_max, time_dim=cfg.flow_time_dim,
+                   batch_steps=cfg.flow_batch_steps)
 
 
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -109,6 +114,8 @@ class VelocityMLP(nn.Module):
 
     def forward(self, cond: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         w = self.net[0].weight
+        if x.dim() == 3:  # M states per row (FlowHead.score): the row's features for each
+            cond = cond.unsqueeze(1).expand(-1, x.shape[1], -1)
         inp = torch.cat([cond.to(w.dtype), x.to(w.dtype), time_embedding(t, self.time_dim).to(w.dtype)], dim=-1)
         return self.net(inp).float()
 
@@ -148,21 +155,24 @@ class FlowHead(nn.Module):
         return self.shift.float() + self.scale.float() * y  # fp32 whatever the module was cast to
 
     # -- one denoising step -------------------------------------------------------------------
-    def transition(self, x: torch.Tensor, k: int, v: torch.Tensor, cond: torch.Tensor
+    def transition(self, x: torch.Tensor, t: torch.Tensor, v: torch.Tensor, cond: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and log std [B, A] of ``x_{k+1}`` given ``x_k`` and the velocity there."""
-        n, s = self.s.steps, self.s
-        dt, t = 1.0 / n, k / n
+        """Mean and log std of the next state given ``x`` at times ``t`` and the velocity there:
+        x, v [B, A] with t [B] (one step), or [B, M, A] with t [B, M] (M steps of each row; cond
+        [B, C] is shared by them). One formula for acting and scoring, so both give the same numbers."""
+        s, dt = self.s, 1.0 / self.s.steps
+        tt = t.float().unsqueeze(-1)
         if s.noise == "sde":
-            t_ = max(t, 1.0 / n)  # Flow-GRPO's grid-point substitute for the singular t = 0
+            t_ = tt.clamp_min(dt)  # Flow-GRPO's grid-point substitute for the singular t = 0
             a2 = s.sde_level ** 2
-            mean = x + dt * (v - (a2 / (2.0 * t_)) * (x - t * v))
-            log_std = torch.full_like(x, 0.5 * math.log(a2 * dt * (1.0 - t) / t_))
+            mean = x + dt * (v - (a2 / 2.0) / t_ * (x - tt * v))
+            log_std = (0.5 * torch.log(a2 * dt * (1.0 - tt) / t_)).expand_as(x)
             return mean, log_std
         w = self.noise_net[0].weight
-        tt = torch.full((x.shape[0],), t, device=x.device)
+        if x.dim() == 3:
+            cond = cond.unsqueeze(1).expand(-1, x.shape[1], -1)
         raw = self.noise_net(torch.cat([cond.to(w.dtype), x.to(w.dtype),
-                                        time_embedding(tt, s.time_dim).to(w.dtype)], dim=-1)).float()
+                                        time_embedding(t, s.time_dim).to(w.dtype)], dim=-1)).float()
         lo, hi = math.log(s.std_min), math.log(s.std_max)
         return x + v * dt, torch.tanh(raw).add(1.0).mul(0.5 * (hi - lo)).add(lo)
 
@@ -178,8 +188,9 @@ class FlowHead(nn.Module):
         x = torch.randn(b, self.dim, device=dev)
         chain, logp = [x], torch.zeros(b, device=dev)
         for k in range(self.s.steps):
-            v = field(x, self._times(b, k, dev))
-            mean, log_std = self.transition(x, k, v, cond)
+            t = self._times(b, k, dev)
+            v = field(x, t)
+            mean, log_std = self.transition(x, t, v, cond)
             if deterministic:
                 nxt = x + v / self.s.steps
             else:
@@ -196,13 +207,20 @@ class FlowHead(nn.Module):
         if chain.shape[1:] != (self.s.steps + 1, self.dim):
             raise UserError(f"flow head: a recorded denoising chain has shape {tuple(chain.shape[1:])}, this model "
                             f"expects {(self.s.steps + 1, self.dim)} (model.flow_steps or the chunk changed since acting)")
-        b, dev = chain.shape[0], chain.device
-        logp, entropy = torch.zeros(b, device=dev), torch.zeros(b, device=dev)
-        for k in range(self.s.steps):
-            x = chain[:, k]
-            mean, log_std = self.transition(x, k, field(x, self._times(b, k, dev)), cond)
-            logp = logp + _gauss_logp(chain[:, k + 1], mean, log_std)
-            entropy = entropy + (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+        b, n = chain.shape[0], self.s.steps
+        if not self.s.batch_steps:  # one field call per step, as acting makes them
+            logp, entropy = torch.zeros(b, device=chain.device), torch.zeros(b, device=chain.device)
+            for k in range(n):
+                t = self._times(b, k, chain.device)
+                mean, log_std = self.transition(chain[:, k], t, field(chain[:, k], t), cond)
+                logp = logp + _gauss_logp(chain[:, k + 1], mean, log_std)
+                entropy = entropy + (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+            return logp, entropy
+        x = chain[:, :n]  # [B, N, A]: the states the N steps start from
+        t = (torch.arange(n, device=chain.device, dtype=torch.float32) / n).expand(b, n)
+        mean, log_std = self.transition(x, t, field(x, t), cond)
+        logp = _gauss_logp(chain[:, 1:], mean, log_std).sum(-1)
+        entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum((-2, -1))
         return logp, entropy
 
     def loss(self, field: Field, actions: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,7 @@ class MLPConfig:
     flow_std_min: float = 0.02  # flow_noise=noise: bounds of the learned per-step std (scaled units)
     flow_std_max: float = 0.3
     flow_time_dim: int = 16  # head=flow: width of the time embedding
+    flow_batch_steps: bool = False  # head=flow: score a chain's N steps in one call (accelerators; no faster on CPU)
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:

@@ -6,8 +6,10 @@ The backbone runs them against the prefix's keys and values (computed once per a
 through the instruction cache where it applies, ``model.prefix_cache``), so the actions attend to
 the prefix, and their hidden states, through one linear layer, are the velocity of the K
 actions. Every denoising step is one backbone call of K tokens; the prefix's cache is cut back
-to the prefix after each. The chain, its log-prob, Flow-Noise and Flow-SDE are rlinf-model-mlp's
-shared ``flow.py``; the noise network reads the prefix's last hidden state.
+to the prefix after each. With ``model.flow_batch_steps`` scoring a recorded chain (``evaluate``)
+runs its N steps as one call of N x B rows instead, each with its row's prefix (the steps are
+independent given the chain). The chain, its log-prob, Flow-Noise and Flow-SDE are
+rlinf-model-mlp's shared ``flow.py``; the noise network reads the prefix's last hidden state.
 
 The backbone is a causal LM, so action token k attends to the prefix and to action tokens
 ``1 .. k`` (pi0 lets its action tokens attend to each other both ways: a difference).
@@ -59,14 +61,21 @@ def flow_field(policy: Any, obs: Any) -> tuple[Callable[[torch.Tensor, torch.Ten
     pos_k = pos + torch.arange(1, k + 1, device=pos.device)
 
     def field(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        # a fresh cache over the prefix's tensors each step: the backbone appends this step's
-        # tokens to it (new tensors), never to the prefix, so the next step sees the prefix alone
+        # x [B, A] (one step) or [B, M, A] (M steps of each row, FlowHead.score): the M states
+        # become M batch rows per row, each against its own row's prefix, in one backbone call
+        m = x.shape[1] if x.dim() == 3 else 1
+        # a fresh cache over the prefix's tensors each call: the backbone appends this call's
+        # tokens to it (new tensors), never to the prefix, so the next call sees the prefix alone
         cache = DynamicCache()
         for layer, (key, value) in enumerate(prefix):
+            if m > 1:
+                key, value = key.repeat_interleave(m, dim=0), value.repeat_interleave(m, dim=0)
             cache.update(key, value, layer)
-        tokens = policy.flow_tokens(x.view(b, k, policy.dims), t)
-        hk, _ = policy._backbone(tokens, attn_k, cache, pos_k)
-        return policy.flow_tokens.velocity(hk).reshape(b, -1)
+        tokens = policy.flow_tokens(x.reshape(b * m, k, policy.dims), t.reshape(b * m))
+        rows = (lambda z: z.repeat_interleave(m, dim=0)) if m > 1 else (lambda z: z)
+        hk, _ = policy._backbone(tokens, rows(attn_k), cache, rows(pos_k))
+        v = policy.flow_tokens.velocity(hk)
+        return v.reshape(b, m, -1) if x.dim() == 3 else v.reshape(b, -1)
 
     last = h[:, 0]
     return field, last.float(), policy._value(last)

@@ -81,6 +81,7 @@ class VLAConfig:
     flow_std_min: float = 0.02  # flow_noise=noise: bounds of the learned per-step std (scaled units)
     flow_std_max: float = 0.3
     flow_time_dim: int = 16  # flow head: width of the time embedding
+    flow_batch_steps: bool = False  # flow head: score a chain's N steps in one call (accelerators; no faster on CPU)
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
