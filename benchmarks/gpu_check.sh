@@ -33,7 +33,7 @@
 #  11. the flow head's training pass with model.flow_batch_steps (benchmarks/flow_steps.py on the
 #      device): evaluate + backward on 128 recorded chains, the N denoising steps one call each
 #      against all N in one call, MLP and VLA, N = 4 and 10; passes when it ran (the speed-ups are
-#      reported: on a CPU they were 0.9-1.4x, so the option is off by default until a device says more)
+#      reported: on a CPU they were 0.93-1.60x for the MLP and 0.95-1.04x for the VLA, so the option is off by default until a device says more)
 # A passing run on real hardware is what a backend's verified.json may record (see docs/accelerators.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."

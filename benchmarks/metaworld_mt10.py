@@ -117,8 +117,8 @@ def main() -> None:
                                                  "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000",
                                                  "eval.interval=3200"],
                    help="extra overrides for the SAC stage (as metaworld_pipeline.py's, validated as often as PPO)")
-    # more validation than the default start-and-end 5 episodes: the kept policy is chosen among
-    # several candidates, and 5 episodes of a 0/1 success cannot tell 60% from 80%
+    # validation every 25 iterations besides the default start and end: the kept policy is chosen
+    # among several candidates (10 episodes, the default since 2026-12-07, set explicitly)
     p.add_argument("--rl", nargs="*", default=["eval.val_episodes=10", "eval.interval=25"],
                    help="overrides for every RL stage")
     p.add_argument("--last", action="store_true", help="evaluate each RL run's last policy, not its kept one")
