@@ -115,17 +115,24 @@ class WriterBase:
         self.added = 0  # episodes this writer put on disk
         self.next_seed: int | None = None
         existed = self.path.exists()
-        if existed and not (self.path / self.marker).exists() and any(p.name != LOCK for p in self.path.iterdir()):
-            raise UserError(f"output '{self.path}' exists and is not {self.kind}; choose an empty or new directory")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"cannot create the dataset directory '{self.path}': {exc.strerror}; "
                             f"choose a writable output=...") from exc
         self._created = not existed
-        self._lock = FileLock(self.path / LOCK).acquire(
+        # The lock before the look inside: another collect's first chunk, not yet under a marker,
+        # would otherwise make its dataset look like a foreign directory.
+        lock_path = self.path / LOCK
+        lock_existed = lock_path.exists()
+        self._lock = FileLock(lock_path).acquire(
             blocking=False, busy=f"dataset '{self.path}' is being written by another rlinf collect (pid {{pid}}); "
                                  f"wait for it to finish or choose another output=")
+        if not (self.path / self.marker).exists() and any(p.name != LOCK for p in self.path.iterdir()):
+            self._lock.release()
+            if not lock_existed:  # leave a foreign directory as it was found
+                lock_path.unlink(missing_ok=True)
+            raise UserError(f"output '{self.path}' exists and is not {self.kind}; choose an empty or new directory")
         return (self.path / self.marker).exists()
 
     def _refuse(self, problem: str) -> None:

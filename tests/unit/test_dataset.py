@@ -96,6 +96,24 @@ def test_not_a_dataset_and_damaged_meta(tmp_path):
         ds.load(tmp_path / "junk")
     with pytest.raises(UserError, match="exists and is not an rlinf dataset"):
         ds.DatasetWriter(tmp_path / "junk", SPEC, {})
+    assert sorted(p.name for p in (tmp_path / "junk").iterdir()) == ["file.txt"]  # left as found
     (tmp_path / "junk" / "meta.json").write_text("{not json")
     with pytest.raises(UserError, match="damaged"):
         ds.load(tmp_path / "junk")
+
+
+def test_a_dataset_mid_first_chunk_is_busy_not_foreign(tmp_path):
+    """A second writer that arrives while the first has a chunk on disk but no metadata yet
+    (CI saw this race between two collects) is told the dataset is busy, and the first
+    writer's files stay."""
+    from rlinf_cli.locks import FileLock
+
+    (tmp_path / "d").mkdir()
+    held = FileLock(tmp_path / "d" / ds.LOCK).acquire()
+    (tmp_path / "d" / "chunk-000000.parquet").write_bytes(b"part")
+    try:
+        with pytest.raises(UserError, match="being written by another rlinf collect"):
+            ds.DatasetWriter(tmp_path / "d", SPEC, {})
+    finally:
+        held.release()
+    assert (tmp_path / "d" / "chunk-000000.parquet").read_bytes() == b"part"
