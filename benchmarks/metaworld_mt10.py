@@ -40,7 +40,7 @@ from metaworld_pipeline import pipeline  # noqa: E402
 
 MT10 = ["reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
         "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3"]
-LABELS = ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos")
+LABELS = ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos", "SFT sq", "SFT sq+SAC")
 
 
 MULTI = "multi-task"
@@ -91,7 +91,9 @@ def summarise(rows: list[dict], a: argparse.Namespace, wall_s: float, cpu_s: flo
     lines.append("")
     lines.append(("one multi-task policy for all tasks (task-id embedding), " if getattr(a, "multitask", False) else "")
                  + f"{a.demos} demos/task, seeds {' '.join(map(str, a.seeds))}, success_once on {a.eval_episodes} held-out "
-                 "seeds per task; " + ", ".join(f"{k} - SFT = {(mean[k] - mean['SFT']) * 100:+.0f} points" for k in rl)
+                 "seeds per task; " + ", ".join([f"{k} - SFT = {(mean[k] - mean['SFT']) * 100:+.0f} points" for k in rl]
+                                                + [f"SFT sq+SAC - SFT sq = {(mean['SFT sq+SAC'] - mean['SFT sq']) * 100:+.0f} "
+                                                   "points" for _ in [0] if "SFT sq+SAC" in mean])
                  + f"; wall {wall_s / 60:.1f} min (this invocation) with --jobs {a.jobs}, CPU {cpu_s / 3600:.2f} h "
                  "(every stage's processes, all cells)")
     return "\n".join(lines)
@@ -108,6 +110,8 @@ def main() -> None:
     p.add_argument("--ppo-steps", type=int, default=100_000, help="0 skips PPO")
     p.add_argument("--grpo-steps", type=int, default=100_000, help="0 skips GRPO")
     p.add_argument("--sac-steps", type=int, default=50_000, help="0 skips SAC from the demonstrations")
+    p.add_argument("--sac-init", action="store_true", help="SAC starts from a clone of the demos in its form "
+                   "(squashed actor, Q heads, mean-action loss; row 'SFT sq') instead of from scratch")
     # no per-algorithm flags by default: the Meta-World plugin's recommendations are the recipe
     p.add_argument("--ppo", nargs="*", default=[], help="extra overrides for the PPO stage")
     p.add_argument("--grpo", nargs="*", default=[], help="extra overrides for the GRPO stage")

@@ -98,13 +98,23 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
         times[algo] = res["wall_s"]
         ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"] if last else kept(res)
         kept_by[f"SFT+{algo.upper()}"] = "last" if last else res.get("kept", "last")
-    if a.sac_steps > 0:  # off-policy from the same demonstrations (no SFT: the demos seed its batches)
-        res = run(["rl", "--algo", "sac", *sim, *common, f"demos={data}", f"total_steps={a.sac_steps * n}",
-                   f"model.hidden_sizes={a.hidden}", "eval.episodes=0", f"run_dir={root / 'sac'}",
-                   *rl_common, *a.sac], log)
+    if a.sac_steps > 0:  # off-policy from the same demonstrations (the demos seed its batches)
+        model_sets = [x for x in a.sac if x.startswith("model.")]
+        start = [f"model.hidden_sizes={a.hidden}", *model_sets]
+        label = "SAC+demos"
+        if getattr(a, "sac_init", False):  # from a clone in SAC's form: squashed actor, Q heads, mean-action loss
+            res = run(["sft", *common, f"seed={seed}", f"dataset={data}", f"model.hidden_sizes={a.hidden}",
+                       "model.squash=true", "model.q_heads=2", "algo.loss=mse", *model_sets, f"algo.epochs={a.sft_epochs}",
+                       "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft_sq'}"], log)
+            times["sft"] += res["wall_s"]
+            ckpts["SFT sq"] = res["checkpoint"]
+            start, label = [f"init={res['checkpoint']}"], "SFT sq+SAC"
+        res = run(["rl", "--algo", "sac", *sim, *common, *start, f"demos={data}", f"total_steps={a.sac_steps * n}",
+                   "eval.episodes=0", f"run_dir={root / 'sac'}", *rl_common,
+                   *(x for x in a.sac if not x.startswith("model."))], log)
         times["sac"] = res["wall_s"]
-        ckpts["SAC+demos"] = res["checkpoint"] if last else kept(res)
-        kept_by["SAC+demos"] = "last" if last else res.get("kept", "last")
+        ckpts[label] = res["checkpoint"] if last else kept(res)
+        kept_by[label] = "last" if last else res.get("kept", "last")
     success: dict[str, float] = {}
     t0 = time.time()
     for label, ckpt in ckpts.items():
@@ -119,7 +129,8 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
 
 
 def table(rows: list[dict], a: argparse.Namespace, wall: float) -> str:
-    labels = [k for k in ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos") if k in rows[0]["success"]]
+    labels = [k for k in ("expert", "SFT", "SFT+PPO", "SFT+GRPO", "SAC+demos", "SFT sq", "SFT sq+SAC")
+              if k in rows[0]["success"]]
     stages = [k for k in ("collect", "sft", "ppo", "grpo", "sac", "eval") if k in rows[0]["seconds"]]
     head = ["task", *labels, *(f"{s} s" for s in stages)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -160,6 +171,8 @@ def main() -> None:
     p.add_argument("--sac", nargs="*", default=["num_envs=1", "algo.warmup_steps=0", "algo.init_temperature=0.05",
                                                  "algo.bc_coef=1.0", "model.activation=relu", "checkpoint.interval=1000"],
                    help="extra overrides for the SAC stage")
+    p.add_argument("--sac-init", action="store_true", help="SAC starts from a clone of the demos in its form "
+                   "(`rlinf sft model.squash=true model.q_heads=2 algo.loss=mse`; row 'SFT sq') instead of from scratch")
     p.add_argument("--last", action="store_true", help="evaluate each RL run's last policy, not its kept one "
                    "(best on validation, the clone included: what `rlinf pipeline` hands on)")
     p.add_argument("--eval-episodes", type=int, default=50)

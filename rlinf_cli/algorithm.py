@@ -183,6 +183,13 @@ class Algorithm:
         """True: minibatches carry ``ref_logprob`` from a frozen copy of the starting policy."""
         return False
 
+    def start(self, policy: Any, from_checkpoint: bool) -> str | None:
+        """Once, on a run's first start (not on resume), before the optimizer is made: set what the
+        algorithm owns but the model stores (SAC's entropy temperature) to the run's settings, where
+        an ``init=`` checkpoint (``from_checkpoint``) brought its own. Returns a line for the
+        run's notes, or None."""
+        return None
+
     def critic_only(self, iteration: int, from_checkpoint: bool) -> bool:
         """True: this iteration trains the critic alone (e.g. warming it up under a cloned actor)."""
         return False

@@ -102,8 +102,15 @@ def setup(cfg: Any) -> Run:
             raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
         ctx.note(f"the model had no critic: {cfg.algo.name} trains a fresh value head with it")
     if algo.uses_q and not getattr(policy, "has_q", False):
+        options = " ".join(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                           for k, v in algo.model_options().items())
         raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
-                        f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none")
+                        f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none"
+                        + (f" (clone one for it with `rlinf sft ... {options}`)" if cfg.init and options else ""))
+    if not cfg.resume:
+        note = algo.start(policy, bool(cfg.init))
+        if note:
+            ctx.note(note)
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
     note = precision_note(engine)
     if note:

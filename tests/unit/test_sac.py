@@ -179,6 +179,29 @@ def test_sac_refuses_bad_input_with_one_line(cli):
     assert not Path("x").exists() and not Path("y").exists() and not Path("z").exists()
 
 
+def test_sac_from_a_checkpoint_starts_at_the_runs_temperature(workdir, cli):
+    """`rl algo=sac init=<ckpt>`: the entropy temperature the checkpoint stored (a clone's default
+    1.0, an earlier run's learned one) gives way to this run's algo.init_temperature, with a note;
+    a checkpoint without Q heads is refused in one line that says how to clone one for SAC."""
+    from rlinf_cli.policy import load_policy
+
+    tiny = ["num_envs=1", "algo.rollout_steps=8", "algo.minibatch_size=8", "algo.buffer_size=100",
+            "model.hidden_sizes=[8,8]", "eval.episodes=0"]
+    _run("rl", *PENDULUM, *tiny, "algo.warmup_steps=8", "total_steps=16", "run_dir=a")  # learns at 1.0
+    start = float(load_policy(workdir / "a/checkpoints/final").log_alpha.detach().exp())
+    assert start != pytest.approx(0.05)
+    # no gradient step (all warm-up): the saved temperature is the one the run started at
+    res = _run("rl", *PENDULUM, *tiny, "algo.warmup_steps=100", "total_steps=16", f"init={workdir / 'a/checkpoints/final'}",
+               "algo.init_temperature=0.05", "run_dir=b")
+    assert "the entropy temperature starts at algo.init_temperature=0.05" in res.stderr
+    assert float(load_policy(workdir / "b/checkpoints/final").log_alpha.detach().exp()) == pytest.approx(0.05)
+    _run("rl", *PENDULUM, "algo=ppo", "num_envs=1", "algo.rollout_steps=16", "model.hidden_sizes=[8,8]",
+         "total_steps=16", "eval.episodes=0", "run_dir=p")
+    res = cli("rl", *PENDULUM, f"init={workdir / 'p/checkpoints/final'}", "run_dir=c")
+    assert res.code == 2 and "Traceback" not in res.err and not Path("c").exists()
+    assert "has none (clone one for it with `rlinf sft ... model.squash=true model.q_heads=2" in " ".join(res.err.split())
+
+
 def test_sac_from_demonstrations_samples_them(workdir):
     """`rl algo=sac demos=<dataset>`: half of every batch comes from the demonstrations, and the
     behaviour-cloning term on them is reported."""

@@ -92,6 +92,19 @@ class SAC(Algorithm):
         self._target_entropy = (-float(math.prod(spec.action.shape)) if self.config.target_entropy is None
                                 else float(self.config.target_entropy))
 
+    def start(self, policy: Any, from_checkpoint: bool) -> str | None:
+        """A run from a checkpoint (a squashed clone, an earlier SAC run) starts at this run's
+        ``init_temperature``, not the one the checkpoint stored: a clone's default of 1.0 makes the
+        entropy bonus outweigh a sparse success reward and walks the actor off the demonstrations
+        (measured on pick-place-v3 from a 26% clone: training success 2% after 8k steps)."""
+        if not from_checkpoint:
+            return None
+        with torch.no_grad():
+            had = float(policy.log_alpha.exp())
+            policy.log_alpha.fill_(math.log(self.config.init_temperature))
+        return (f"the entropy temperature starts at algo.init_temperature={self.config.init_temperature:g} "
+                f"(the checkpoint's: {had:.3g})")
+
     def gradient_steps(self, collected_before: int, collected: int) -> int:
         """``utd`` per transition collected after the warm-up (fractions carry over)."""
         w, utd = self.config.warmup_steps, self.config.utd
