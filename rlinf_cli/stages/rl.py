@@ -106,7 +106,8 @@ def setup(cfg: Any) -> Run:
                            for k, v in algo.model_options().items())
         raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
                         f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none"
-                        + (f" (clone one for it with `rlinf sft ... {options}`)" if cfg.init and options else ""))
+                        + (f" (clone one for it with `rlinf sft ... {options}`; docs/algorithms.md, \"SAC from a clone\")"
+                           if cfg.init and options else ""))
     if not cfg.resume:
         note = algo.start(policy, bool(cfg.init))
         if note:
