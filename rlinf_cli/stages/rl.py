@@ -95,23 +95,7 @@ def setup(cfg: Any) -> Run:
     world = collectors.make(cfg, ctx)
     world.evaluator.check_video(int(cfg.eval.get("video", 0) or 0), int(cfg.eval.get("video_size", 256)))  # before training
     algo.check(world.spec)
-    policy = world.policies.policy(cfg.resume or cfg.init, model_config(cfg, algo))
-    world.policies.prepare_rl(policy)
-    if algo.uses_critic and not policy.has_critic:
-        if not policy.add_critic():
-            raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
-        ctx.note(f"the model had no critic: {cfg.algo.name} trains a fresh value head with it")
-    if algo.uses_q and not getattr(policy, "has_q", False):
-        options = " ".join(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
-                           for k, v in algo.model_options().items())
-        raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
-                        f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none"
-                        + (f" (clone one for it with `rlinf sft ... {options}`; docs/algorithms.md, \"SAC from a clone\")"
-                           if cfg.init and options else ""))
-    if not cfg.resume:
-        note = algo.start(policy, bool(cfg.init))
-        if note:
-            ctx.note(note)
+    policy = ready_policy(cfg, algo, world, ctx)
     engine = make_engine(policy, algo.optim, cfg.train, ctx.accelerator)
     note = precision_note(engine)
     if note:
@@ -137,6 +121,30 @@ def setup(cfg: Any) -> Run:
     if algo.critic_only(int(run.state["iteration"]), bool(cfg.init)):
         declared_critic(policy, algo.name)  # a warm-up with nothing to train: refused before the first rollout
     return run
+
+
+def ready_policy(cfg: Any, algo: Any, world: Any, ctx: Any) -> Any:
+    """The run's policy, built or loaded (``init=``, ``resume=``) and made ready for ``algo`` before
+    the optimizer exists: a clone's exploration std, a fresh critic where the algorithm needs one
+    and the model can add it, Q heads checked, and on a first start ``algo.start``."""
+    policy = world.policies.policy(cfg.resume or cfg.init, model_config(cfg, algo))
+    world.policies.prepare_rl(policy)
+    if algo.uses_critic and not policy.has_critic:
+        if not policy.add_critic():
+            raise UserError(f"algorithm '{cfg.algo.name}' needs a critic but the model has none (set model.critic=true)")
+        ctx.note(f"the model had no critic: {cfg.algo.name} trains a fresh value head with it")
+    if algo.uses_q and not getattr(policy, "has_q", False):
+        options = " ".join(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                           for k, v in algo.model_options().items())
+        raise UserError(f"algorithm '{cfg.algo.name}' needs a model with Q heads (the off-policy interface of "
+                        f"rlinf_cli/policy.py); {'the checkpoint' if cfg.resume or cfg.init else 'this model'} has none"
+                        + (f" (clone one for it with `rlinf sft ... {options}`; docs/algorithms.md, \"SAC from a clone\")"
+                           if cfg.init and options else ""))
+    if not cfg.resume:
+        note = algo.start(policy, bool(cfg.init))
+        if note:
+            ctx.note(note)
+    return policy
 
 
 def on_policy_demos(cfg: Any, algo: Any, world: Any, policy: Any, ctx: Any) -> Any:
