@@ -92,8 +92,8 @@ def summarise(rows: list[dict], a: argparse.Namespace, wall_s: float, cpu_s: flo
     lines.append(("one multi-task policy for all tasks (task-id embedding), " if getattr(a, "multitask", False) else "")
                  + f"{a.demos} demos/task, seeds {' '.join(map(str, a.seeds))}, success_once on {a.eval_episodes} held-out "
                  "seeds per task; " + ", ".join([f"{k} - SFT = {(mean[k] - mean['SFT']) * 100:+.0f} points" for k in rl]
-                                                + [f"SFT sq+SAC - SFT sq = {(mean['SFT sq+SAC'] - mean['SFT sq']) * 100:+.0f} "
-                                                   "points" for _ in [0] if "SFT sq+SAC" in mean])
+                                                + ([f"SFT sq+SAC - SFT sq = {(mean['SFT sq+SAC'] - mean['SFT sq']) * 100:+.0f} "
+                                                    "points"] if "SFT sq+SAC" in mean else []))
                  + f"; wall {wall_s / 60:.1f} min (this invocation) with --jobs {a.jobs}, CPU {cpu_s / 3600:.2f} h "
                  "(every stage's processes, all cells)")
     return "\n".join(lines)
