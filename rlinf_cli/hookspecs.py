@@ -13,7 +13,7 @@ Every hook receives a ``register`` callback and calls it once per component it p
   ``True`` = every stage, a tuple of stage names (``("rl",)``) = those only, ``False`` = none.
 - ``attrs``: kind-specific metadata (for example ``priority`` for accelerators).
 
-The hook module declares the plugin API it is built for, ``RLINF_API = "1.4"``
+The hook module declares the plugin API it is built for, ``RLINF_API = "1.5"``
 (:data:`rlinf_cli.api.API_VERSION`); the registry refuses another major version in one line.
 
 A plugin ships its config options as YAML under a ``conf`` directory beside the module that
@@ -25,7 +25,7 @@ from __future__ import annotations
 import pluggy
 
 # The plugin API this core speaks, "MAJOR.MINOR". A plugin's hook module declares the version it
-# was built for (``RLINF_API = "1.4"``); the registry refuses a plugin of another MAJOR (named in
+# was built for (``RLINF_API = "1.5"``); the registry refuses a plugin of another MAJOR (named in
 # one line) and warns about one that declares a newer MINOR or nothing (docs/plugins.md). MAJOR
 # goes up when a name here is removed or its contract changes; MINOR when one is added
 # (1.1: tools, the ``register_tools`` hook and the tool names of rlinf_cli.api; 1.2: the
@@ -35,8 +35,9 @@ import pluggy
 # optional ``Executor.start_ranks`` / ``cluster_report``; 1.4: generation workers started by executors:
 # ``GenerationPlan``, ``GenerationPlacement``, ``GenerationWorker``, ``start_generation_processes``, the
 # optional ``Executor.start_generation_workers`` / ``publish_weights``, and a text policy's optional
-# ``generate(..., part=)``).
-API_VERSION = "1.4"
+# ``generate(..., part=)``; 1.5: the ``Algorithm.demo_coef`` and ``Algorithm.start`` methods and the
+# ``Policy.residual`` method, each with a default that does what a 1.4 plugin did).
+API_VERSION = "1.5"
 
 hookspec = pluggy.HookspecMarker("rlinf")
 hookimpl = pluggy.HookimplMarker("rlinf")

@@ -125,6 +125,19 @@ class Policy(nn.Module):
         """
         return False
 
+    def residual(self) -> "Policy | None":
+        """A new policy that acts as this one plus a learned correction, which starts at exactly
+        zero (residual RL, API 1.5); None (the default) if the model cannot learn one.
+
+        ``rlinf rl init=<clone> init_residual=true`` calls it on a first start, before the
+        exploration std is set and the optimizer is made: the clone's weights are frozen as the
+        base and RL trains only the correction (and the critic), so what the clone does well
+        cannot be unlearned by updates aimed elsewhere. The new policy must keep the clone's
+        critic and action std, be saved and loaded as one checkpoint, and score ``evaluate`` under
+        the combined action distribution (docs/algorithms.md, "Residual RL on a clone").
+        """
+        return None
+
     def set_action_std(self, std: float | None, trainable: bool = True) -> bool:
         """Reset the exploration noise of continuous actions to ``std`` (None keeps it) and make it
         trainable or fixed; False if the policy has no such noise.

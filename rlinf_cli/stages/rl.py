@@ -128,6 +128,8 @@ def ready_policy(cfg: Any, algo: Any, world: Any, ctx: Any) -> Any:
     the optimizer exists: a clone's exploration std, a fresh critic where the algorithm needs one
     and the model can add it, Q heads checked, and on a first start ``algo.start``."""
     policy = world.policies.policy(cfg.resume or cfg.init, model_config(cfg, algo))
+    if cfg.get("init_residual") and not cfg.resume:
+        policy = residual_of(policy, cfg, ctx)
     world.policies.prepare_rl(policy)
     if algo.uses_critic and not policy.has_critic:
         if not policy.add_critic():
@@ -145,6 +147,20 @@ def ready_policy(cfg: Any, algo: Any, world: Any, ctx: Any) -> Any:
         if note:
             ctx.note(note)
     return policy
+
+
+def residual_of(policy: Any, cfg: Any, ctx: Any) -> Any:
+    """``init_residual=true``: the clone frozen as the base of a correction RL learns (Policy.residual)."""
+    if not cfg.init:
+        raise UserError("init_residual=true learns a correction on top of a clone: set init=<checkpoint> "
+                        "(from `rlinf sft`), or init_residual=false")
+    residual = policy.residual()
+    if residual is None:
+        name = policy.config.get("name", type(policy).__name__)
+        raise UserError(f"model '{name}' cannot learn a residual on this checkpoint (Policy.residual; model=mlp "
+                        f"with Gaussian actions can): set init_residual=false")
+    ctx.note("residual RL: the clone is frozen and RL learns a correction added to its actions, starting at zero")
+    return residual
 
 
 def on_policy_demos(cfg: Any, algo: Any, world: Any, policy: Any, ctx: Any) -> Any:

@@ -71,6 +71,7 @@ class MLPConfig:
     flow_std_max: float = 0.3
     flow_time_dim: int = 16  # head=flow: width of the time embedding
     flow_batch_steps: bool = False  # head=flow: score a chain's N steps in one call (accelerators; no faster on CPU)
+    residual: bool = False  # the Gaussian's mean is a frozen base policy's plus this actor's (residual RL; rl init_residual=true)
 
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
@@ -87,6 +88,8 @@ class MLPConfig:
             raise ValueError("chunk must be >= 1, and > 1 only with head=flow")
         if self.head == "flow":
             FlowSettings.from_model(self)  # validates the flow_* keys
+        if self.residual and (self.head != "gaussian" or self.squash or self.q_heads):
+            raise ValueError("residual is for the Gaussian head, without squash or q_heads")
 
 
 class CNNEncoder(nn.Module):
@@ -193,6 +196,12 @@ class MLPPolicy(Policy):
         gaussian = self.flow is None
         self._fast_act = FastActor(self) if gaussian and cfg.fast_act and fast_act_supported(self) else None
         self._fast_grad = gaussian and cfg.fast_grad and fast_grad.supported(self)
+        self.base: MLPPolicy | None = None
+        if cfg.residual:
+            if env_spec.discrete:
+                raise UserError("model.residual is for continuous actions; this simulator's are discrete")
+            # the clone's actor (and its encoders), frozen; no critic: the value is this policy's
+            self.base = MLPPolicy({**self.config, "residual": False, "critic": False}, env_spec).requires_grad_(False)
 
     def _init_flow(self, cfg: MLPConfig, env_spec: EnvSpec, in_dim: int, out_dim: int, act: type[nn.Module]) -> None:
         """The flow-matching action expert over chunks of ``cfg.chunk`` actions (flow.py)."""
@@ -301,7 +310,8 @@ class MLPPolicy(Policy):
         out = self._run(self._actor_layers, self.features(obs))
         if self.squash:
             return self._center + self._half * torch.tanh(out[..., :self._act_dim])
-        return out
+        base = self._base_mean(obs)
+        return out if base is None else out + base
 
     # -- squashed Gaussian and Q heads (off-policy algorithms: SAC) -----------------------------
     def _squashed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,17 +369,45 @@ class MLPPolicy(Policy):
         self.log_std.requires_grad_(trainable)
         return True
 
+    def residual(self) -> "MLPPolicy | None":
+        if self.env_spec.discrete or self.squash or self.flow is not None or self.has_q:
+            return None
+        if self.base is not None:
+            raise UserError("this checkpoint already learns a residual on a frozen clone: continue it with resume=, "
+                            "or start from it with init_residual=false")
+        policy = MLPPolicy({**self.config, "residual": True}, self.env_spec).to(self.log_std.device)
+        own = self.state_dict()
+        policy.base.load_state_dict({k: own[k] for k in policy.base.state_dict()})
+        # the critic, the std and the clone's features carry over; the correction's hidden layers are
+        # fresh and its output layer zero, so the policy starts as exactly the clone
+        policy.load_state_dict({k: v for k, v in own.items() if not k.startswith("actor.")}, strict=False)
+        with torch.no_grad():
+            policy.actor_layers[-1].weight.zero_()
+            policy.actor_layers[-1].bias.zero_()
+        return policy
+
+    def _base_mean(self, obs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The frozen base's deterministic action (residual RL), without gradient; None without one."""
+        if self.base is None:
+            return None
+        with torch.no_grad():
+            fast = self.base._fast_act(obs, True) if self.base._fast_act is not None else None
+            return fast[0] if fast is not None else self.base.mean_action(obs)
+
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActOutput:
         if self.flow is not None:
             x = self.features(obs)
             action, logp, chain = self.flow.sample(self._field(x), x, deterministic)
             return ActOutput(action.view(x.shape[0], *self._chunk_shape), logp, self._value(x), {CHAIN_KEY: chain})
+        base = self._base_mean(obs)
         if self._fast_act is not None:
             fast = self._fast_act(obs, deterministic)
             if fast is not None:
-                return ActOutput(*fast)
+                return ActOutput(*fast) if base is None else ActOutput(fast[0] + base, *fast[1:])
         x = self.features(obs)
         out = self._run(self._actor_layers, x)
+        if base is not None:
+            out = out + base
         if self.env_spec.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             if deterministic:
@@ -395,6 +433,9 @@ class MLPPolicy(Policy):
         if self.flow is not None:  # the recorded chain's log-prob (the action is its last state)
             logp, entropy = self.flow.score(self._field(x), x, recorded_chain(obs))
             return EvalOutput(logp, entropy, self._value(x))
+        base = self._base_mean(obs)
+        if base is not None:  # the log-prob of base + correction is the correction's, of the action less the base
+            action = action - base
         if self._fast_grad and fast_grad.applies(self, x, action):
             logp, value = fast_grad.evaluate(self, x, action)
             return EvalOutput(logp, (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(x.shape[0]), value)

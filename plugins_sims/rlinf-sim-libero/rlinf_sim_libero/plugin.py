@@ -2,7 +2,7 @@
 
 from rlinf_cli.api import hookimpl
 
-RLINF_API = "1.4"  # the plugin API this plugin is built for (rlinf_cli.api.API_VERSION)
+RLINF_API = "1.5"  # the plugin API this plugin is built for (rlinf_cli.api.API_VERSION)
 
 
 @hookimpl
