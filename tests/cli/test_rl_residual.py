@@ -19,6 +19,10 @@ import torch
 
 from rlinf_cli.api import ArraySpec, EnvSpec, UserError
 
+# the CLI test compares a run's validation with an evaluation of the clone: results that depend on CPU
+# features, so make test-portable runs the file again
+pytestmark = pytest.mark.numerics
+
 PENDULUM = ["sim=gymnasium", "sim.env_id=Pendulum-v1", "progress=false", "tracking.enabled=false"]
 SPEC = EnvSpec({"state": ArraySpec((5,), "float32")}, ArraySpec((3,), "float32", low=-1.0, high=1.0),
                max_episode_steps=10)
@@ -127,7 +131,9 @@ def test_residual_rl_through_the_cli(cli_proc, workdir):
     ev = cli_proc("eval", f"checkpoint={clone}", "episodes=2", "seed=2000000", "num_envs=2", "tracking.enabled=false",
                   "run_dir=ev")
     assert ev.code == 0, ev.err[-3000:]
-    assert ev.json_tail()["return_mean"] == pytest.approx(first["val/return_mean"], rel=1e-6)
+    # the same actions up to rounding (batches of another size may round the last bit otherwise);
+    # a correction that did not start at zero would move Pendulum's return by far more
+    assert ev.json_tail()["return_mean"] == pytest.approx(first["val/return_mean"], rel=1e-4)
     want = load_file(str(clone / "model.safetensors"))
     for ckpt in ("final", "best", "iter_000002"):
         got = load_file(str(workdir / "res/checkpoints" / ckpt / "model.safetensors"))
