@@ -131,8 +131,8 @@ class Policy(nn.Module):
 
         ``rlinf rl init=<clone> init_residual=true`` calls it on a first start, before the
         exploration std is set and the optimizer is made: the clone's weights are frozen as the
-        base and RL trains only the correction (and the critic), so what the clone does well
-        cannot be unlearned by updates aimed elsewhere. The new policy must keep the clone's
+        base and RL trains only the correction (and the critic), so the clone itself stays as it
+        was and RL's changes are one network's output, added. The new policy must keep the clone's
         critic and action std, be saved and loaded as one checkpoint, and score ``evaluate`` under
         the combined action distribution (docs/algorithms.md, "Residual RL on a clone").
         """
