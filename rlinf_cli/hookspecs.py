@@ -35,7 +35,7 @@ import pluggy
 # optional ``Executor.start_ranks`` / ``cluster_report``; 1.4: generation workers started by executors:
 # ``GenerationPlan``, ``GenerationPlacement``, ``GenerationWorker``, ``start_generation_processes``, the
 # optional ``Executor.start_generation_workers`` / ``publish_weights``, and a text policy's optional
-# ``generate(..., part=)``; 1.5: the ``Algorithm.demo_coef`` and ``Algorithm.start`` methods and the
+# ``generate(..., part=)``; 1.5: the ``Algorithm.demo_coef``, ``demo_loss`` and ``start`` methods and the
 # ``Policy.residual`` method, each with a default that does what a 1.4 plugin did).
 API_VERSION = "1.5"
 
