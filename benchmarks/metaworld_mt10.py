@@ -113,6 +113,8 @@ def main() -> None:
     p.add_argument("--sac-init", action="store_true", help="SAC starts from a clone of the demos in its form "
                    "(squashed actor, Q heads, mean-action loss; row 'SFT sq') instead of from scratch")
     # no per-algorithm flags by default: the Meta-World plugin's recommendations are the recipe
+    p.add_argument("--sft", nargs="*", default=[], help="extra overrides for the SFT stage (e.g. model.head=flow "
+                   "model.chunk=4: the clone's model, which RL inherits)")
     p.add_argument("--ppo", nargs="*", default=[], help="extra overrides for the PPO stage")
     p.add_argument("--grpo", nargs="*", default=[], help="extra overrides for the GRPO stage")
     # eval.interval in SAC's iterations (8 env steps each with one env): 3200 validates every 25,600
@@ -151,8 +153,9 @@ def main() -> None:
     with ThreadPoolExecutor(a.jobs) as pool:
         rows += list(pool.map(one, [c for c in cells if c not in have]))
     rows = [x for r in rows for x in per_task(r, a.tasks)]
-    rows.sort(key=lambda r: (a.tasks.index(r["task"]), r["seed"]))
+    # this invocation's cells only (an --out shared by several invocations holds others too)
     rows = [r for r in rows if r["task"] in a.tasks and r["seed"] in a.seeds]
+    rows.sort(key=lambda r: (a.tasks.index(r["task"]), r["seed"]))
     cpu = sum(r["cpu_s"] for r in rows)  # every cell's, those of an earlier, stopped invocation too
     text = summarise(rows, a, time.time() - t0, cpu)
     print(text)

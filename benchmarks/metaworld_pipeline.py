@@ -85,7 +85,8 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
                f"run_dir={root / 'collect'}"], log)
     times["collect"] = res["wall_s"]
     res = run(["sft", *common, f"seed={seed}", f"dataset={data}", f"model.hidden_sizes={a.hidden}", f"algo.epochs={a.sft_epochs}",
-               "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft'}"], log)
+               "algo.minibatch_size=64", "val_fraction=0", "eval.episodes=0", f"run_dir={root / 'sft'}",
+               *getattr(a, "sft", [])], log)
     times["sft"] = res["wall_s"]
     sft = res["checkpoint"]
     ckpts = {"expert": "expert", "SFT": sft}
@@ -158,6 +159,8 @@ def main() -> None:
     p.add_argument("--sft-epochs", type=int, default=600)
     p.add_argument("--ppo-steps", type=int, default=100_000, help="0 skips PPO")
     p.add_argument("--grpo-steps", type=int, default=100_000, help="0 skips GRPO")
+    p.add_argument("--sft", nargs="*", default=[], help="extra overrides for the SFT stage (e.g. model.head=flow "
+                   "model.chunk=4: the clone's model, which RL inherits)")
     p.add_argument("--ppo", nargs="*", default=[], help="extra overrides for the PPO stage")
     # GRPO's plugin defaults are shared with language-model training; for 4-d continuous control
     # more initial states per iteration, group filtering and more, smaller updates per batch work better.
