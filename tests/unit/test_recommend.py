@@ -124,3 +124,25 @@ def test_metaworld_recommends_its_grpo_fine_tuning_settings_from_a_checkpoint():
     assert cfg.recommended["for"] == "metaworld reach-v3, grpo from a checkpoint"
     plain = compose("rl", ["sim=metaworld", "algo=grpo"])
     assert "recommended" not in plain and plain.algo.groups == compose("rl", ["algo=grpo"], recommend=False).algo.groups
+
+
+def test_metaworld_grasping_families_get_more_envs_per_iteration_from_a_checkpoint():
+    """Pick-* and peg-* tasks fine-tune with PPO at 64 envs over 400k env steps (the setting that
+    lifted pick-place and peg-insert-side from 3-demo clones, docs/benchmarks.md); other tasks keep
+    the plain defaults, from scratch nothing applies, and an override wins key by key."""
+    rec = ("num_envs", "total_steps", "algo.critic_warmup_iters", "eval.interval", "eval.val_episodes")
+    for task in ("push-v3", "reach-v3"):  # reach-v3: make demo's task, at its 100k steps
+        plain = compose("rl", ["sim=metaworld", f"sim.task={task}", "init=clone", "algo=ppo"])
+        assert "recommended" not in plain and plain.num_envs == 8
+    for task in ("pick-place-v3", "peg-insert-side-v3", "pick-out-of-hole-v3"):
+        cfg = compose("rl", ["sim=metaworld", f"sim.task={task}", "init=clone", "algo=ppo"])
+        assert (cfg.num_envs, cfg.total_steps, cfg.algo.critic_warmup_iters) == (64, 400_000, 2)
+        assert (cfg.eval.interval, cfg.eval.val_episodes) == (8, 20)
+        assert cfg.recommended["for"] == f"metaworld {task}, ppo from a checkpoint"
+        assert list(cfg.recommended["keys"]) == list(rec)
+    cfg = compose("rl", ["sim=metaworld", "sim.task=pick-place-v3", "init=clone", "algo=ppo", "num_envs=16"])
+    assert (cfg.num_envs, cfg.total_steps) == (16, 400_000) and "num_envs" not in cfg.recommended["keys"]
+    scratch = compose("rl", ["sim=metaworld", "sim.task=pick-place-v3", "algo=ppo"])
+    assert "recommended" not in scratch and scratch.num_envs == 8
+    grpo = compose("rl", ["sim=metaworld", "sim.task=pick-place-v3", "init=clone", "algo=grpo"])
+    assert grpo.algo.groups == 8 and "num_envs" not in grpo.recommended["keys"]  # the family entry is PPO's
