@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from metaworld_pipeline import EVAL_SEED, run  # noqa: E402  (one way to run a stage, shared)
+from _common import run_stage as run  # noqa: E402  (one way to run a stage, shared)
+from metaworld_pipeline import EVAL_SEED  # noqa: E402
 
 
 def du(path: Path) -> float:

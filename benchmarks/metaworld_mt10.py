@@ -107,7 +107,8 @@ def main() -> None:
     p.add_argument("--max-episode-steps", type=int, default=200)
     p.add_argument("--hidden", default="[256,256]", help="MLP hidden sizes")
     p.add_argument("--sft-epochs", type=int, default=600)
-    p.add_argument("--ppo-steps", type=int, default=100_000, help="0 skips PPO")
+    p.add_argument("--ppo-steps", type=int, default=None, help="0 skips PPO; default: the task's recommended "
+                   "budget (400,000 for pick-* and peg-*), else 100,000")
     p.add_argument("--grpo-steps", type=int, default=100_000, help="0 skips GRPO")
     p.add_argument("--sac-steps", type=int, default=50_000, help="0 skips SAC from the demonstrations")
     p.add_argument("--sac-init", action="store_true", help="SAC starts from a clone of the demos in its form "
@@ -124,9 +125,11 @@ def main() -> None:
                                                  "eval.interval=3200"],
                    help="extra overrides for the SAC stage (as metaworld_pipeline.py's, validated as often as PPO)")
     # validation every 25 iterations besides the default start and end: the kept policy is chosen
-    # among several candidates (10 episodes, the default since 2026-12-07, set explicitly)
-    p.add_argument("--rl", nargs="*", default=["eval.val_episodes=10", "eval.interval=25"],
-                   help="overrides for every RL stage")
+    # among several candidates (10 episodes, the default since 2026-12-07, set explicitly); a task
+    # whose recommendation sets them (pick-*, peg-*: 20 every 8) keeps its own
+    p.add_argument("--rl", nargs="*", default=None,
+                   help="overrides for every RL stage (default: 10 validation episodes every 25 iterations, "
+                   "where the task's recommendation does not set them)")
     p.add_argument("--last", action="store_true", help="evaluate each RL run's last policy, not its kept one")
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--multitask", action="store_true", help="one multi-task policy for all --tasks per seed "

@@ -40,9 +40,22 @@ from _common import run_stage  # noqa: E402
 # solves (RL must not break it). Grasping tasks (pick-place, peg-unplug-side, hammer) are not
 # lifted by PPO within this budget from 3 demos: see docs/benchmarks.md (--tasks to run them).
 TASKS = ["reach-v3", "push-v3", "reach-wall-v3", "lever-pull-v3", "plate-slide-back-v3", "door-open-v3"]
+# validation of every RL stage unless --rl says otherwise (keys a task's recommendation sets are
+# left to it): 10 episodes every 25 iterations besides the start and the end
+RL_DEFAULTS = ["eval.val_episodes=10", "eval.interval=25"]
 EVAL_SEED = 1_000_000  # evaluation seeds: far from the collect (0..) and training (< 1e6) seeds
 
 
+
+
+def recommended_keys(sim: list[str], algo: str) -> set[str]:
+    """The keys the Meta-World plugin recommends for fine-tuning this task with ``algo``
+    (rlinf_cli/recommend.py). The benchmark's own defaults (budget, validation) leave them to the
+    recommendation, so a table "at the shipped defaults" runs what `rlinf rl init=<clone>` runs."""
+    from rlinf_cli.config import compose
+
+    cfg = compose("rl", [*sim, "init=clone", f"algo={algo}"])
+    return set((cfg.get("recommended") or {}).get("keys", ()))
 
 
 def kept(result: dict) -> str:
@@ -64,12 +77,27 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
     log = root / "log.txt"
     common = ["progress=false", f"runs_dir={root / 'rlinf_runs'}"]
     last = getattr(a, "last", False)
-    rl_common = [f"seed={seed}", *(["eval.best=false"] if last else []), *getattr(a, "rl", [])]
-    if n > 1:  # per task, as the rest of the budget: validation episodes, and iterations between validations
-        rl_common += [f"{k}={int(v) * n}" for k, v in (x.split("=", 1) for x in rl_common if "=" in x)
-                      if k in ("eval.val_episodes", "eval.interval")]
     sim = ["sim=metaworld", f"sim.max_episode_steps={a.max_episode_steps}",
            f"sim.task={tasks[0]}" if isinstance(task, str) else f"sim.tasks=[{','.join(tasks)}]"]
+
+    def rl_common(algo: str) -> list[str]:
+        """Seed, validation and --rl overrides of one RL stage. --rl left at its default: the keys the
+        task's recommendation sets are left to it."""
+        sets = getattr(a, "rl", None)
+        if sets is None:
+            rec = recommended_keys(sim, algo)
+            sets = [x for x in RL_DEFAULTS if x.split("=", 1)[0] not in rec]
+        out = [f"seed={seed}", *(["eval.best=false"] if last else []), *sets]
+        if n > 1:  # per task, as the rest of the budget: validation episodes, and iterations between validations
+            out += [f"{k}={int(v) * n}" for k, v in (x.split("=", 1) for x in out if "=" in x)
+                    if k in ("eval.val_episodes", "eval.interval")]
+        return out
+
+    def budget(algo: str, steps: int | None) -> list[str]:
+        """total_steps: --<algo>-steps if given, else the recommendation's, else 100,000 (per task)."""
+        if steps is None and "total_steps" in recommended_keys(sim, algo):
+            return []
+        return [f"total_steps={(100_000 if steps is None else steps) * n}"]
     data = root / "data"
     times: dict[str, float] = {}
     cpu = 0.0  # CPU seconds of every stage's processes
@@ -92,10 +120,10 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
     ckpts = {"expert": "expert", "SFT": sft}
     kept_by: dict[str, str] = {}
     for algo, steps, extra in (("ppo", a.ppo_steps, a.ppo), ("grpo", a.grpo_steps, a.grpo)):
-        if steps <= 0:
+        if steps is not None and steps <= 0:
             continue
-        res = run(["rl", "--algo", algo, *common, f"init={sft}", f"total_steps={steps * n}", "eval.episodes=0",
-                   f"run_dir={root / algo}", *rl_common, *extra], log)
+        res = run(["rl", "--algo", algo, *common, f"init={sft}", *budget(algo, steps), "eval.episodes=0",
+                   f"run_dir={root / algo}", *rl_common(algo), *extra], log)
         times[algo] = res["wall_s"]
         ckpts[f"SFT+{algo.upper()}"] = res["checkpoint"] if last else kept(res)
         kept_by[f"SFT+{algo.upper()}"] = "last" if last else res.get("kept", "last")
@@ -111,7 +139,7 @@ def pipeline(task: str | list[str], a: argparse.Namespace, seed: int = 0, root: 
             ckpts["SFT sq"] = res["checkpoint"]
             start, label = [f"init={res['checkpoint']}"], "SFT sq+SAC"
         res = run(["rl", "--algo", "sac", *sim, *common, *start, f"demos={data}", f"total_steps={a.sac_steps * n}",
-                   "eval.episodes=0", f"run_dir={root / 'sac'}", *rl_common,
+                   "eval.episodes=0", f"run_dir={root / 'sac'}", *rl_common("sac"),
                    *(x for x in a.sac if not x.startswith("model."))], log)
         times["sac"] = res["wall_s"]
         ckpts[label] = res["checkpoint"] if last else kept(res)
@@ -157,7 +185,8 @@ def main() -> None:
     p.add_argument("--max-episode-steps", type=int, default=200)
     p.add_argument("--hidden", default="[256,256]", help="MLP hidden sizes")
     p.add_argument("--sft-epochs", type=int, default=600)
-    p.add_argument("--ppo-steps", type=int, default=100_000, help="0 skips PPO")
+    p.add_argument("--ppo-steps", type=int, default=None, help="0 skips PPO; default: the task's recommended "
+                   "budget, else 100,000")
     p.add_argument("--grpo-steps", type=int, default=100_000, help="0 skips GRPO")
     p.add_argument("--sft", nargs="*", default=[], help="extra overrides for the SFT stage (e.g. model.head=flow "
                    "model.chunk=4: the clone's model, which RL inherits)")

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from metaworld_pipeline import EVAL_SEED, run  # noqa: E402  (one way to run a stage, shared)
+from _common import run_stage as run  # noqa: E402  (one way to run a stage, shared)
+from metaworld_pipeline import EVAL_SEED  # noqa: E402
 
 
 def main() -> None:
