@@ -62,6 +62,20 @@ def route(args: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def yield_to_recommendation(overrides: list[str], extra: list[str]) -> list[str]:
+    """The rl step's overrides with the pipeline's own defaults (``DEFAULTS["rl"]``, the few-demo
+    story's short budget) dropped where the task's fine-tuning recommendation sets the key: `rlinf
+    pipeline sim=metaworld sim.task=pick-place-v3` fine-tunes at the grasping family's 64 envs over
+    400k steps, not 64 envs over 40k (4 iterations). The user's own overrides still win."""
+    n = len(DEFAULTS["rl"])
+    if overrides[:n] != DEFAULTS["rl"]:
+        return overrides
+    mine = overrides[n:]
+    cfg = compose("rl", mine + extra)
+    rec = set((cfg.get("recommended") or {}).get("keys", ()))
+    return [d for d in DEFAULTS["rl"] if d.split("=", 1)[0] not in rec] + mine
+
+
 def _check(routed: dict[str, list[str]]) -> Any:
     """Every step's settings are checked before the first one runs (placeholders stand for the
     inputs that earlier steps produce); returns the composed collect config."""
@@ -116,7 +130,8 @@ def run(args: list[str]) -> dict[str, Any]:
 
     def stage(step: str, extra: list[str]) -> dict[str, Any]:
         running.append(step)
-        overrides = routed[step] + [f"run_dir={root / step}"] + extra  # extra may name its own run_dir
+        mine = yield_to_recommendation(routed[step], extra) if step == "rl" else routed[step]
+        overrides = mine + [f"run_dir={root / step}"] + extra  # extra may name its own run_dir
         name = _STAGE_OF[step]
         cfg = compose(name, overrides, inherited_overrides(name, overrides))
         validate(name, cfg)

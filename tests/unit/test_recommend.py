@@ -146,3 +146,20 @@ def test_metaworld_grasping_families_get_more_envs_per_iteration_from_a_checkpoi
     assert "recommended" not in scratch and scratch.num_envs == 8
     grpo = compose("rl", ["sim=metaworld", "sim.task=pick-place-v3", "init=clone", "algo=grpo"])
     assert grpo.algo.groups == 8 and "num_envs" not in grpo.recommended["keys"]  # the family entry is PPO's
+
+
+def test_the_pipelines_short_rl_budget_gives_way_to_a_task_recommendation():
+    """`rlinf pipeline` routes its own rl defaults (40k steps) first; where the task's fine-tuning
+    recommendation sets the key (pick-* tasks: 400k at 64 envs), the recommendation wins, as it
+    would for `rlinf rl init=`; the user's overrides win over both, and other tasks keep 40k."""
+    from rlinf_cli.stages.pipeline import route, yield_to_recommendation
+
+    grasp = route(["sim=metaworld", "sim.task=pick-place-v3"])["rl"]
+    kept = yield_to_recommendation(grasp, ["init=clone"])
+    assert "total_steps=40000" not in kept and "eval.episodes=0" in kept
+    assert compose("rl", kept + ["init=clone"]).total_steps == 400_000
+    mine = yield_to_recommendation(route(["sim=metaworld", "sim.task=pick-place-v3", "rl.total_steps=5000"])["rl"],
+                                   ["init=clone"])
+    assert compose("rl", mine + ["init=clone"]).total_steps == 5000
+    push = yield_to_recommendation(route(["sim=metaworld", "sim.task=push-v3"])["rl"], ["init=clone"])
+    assert compose("rl", push + ["init=clone"]).total_steps == 40_000
